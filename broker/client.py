@@ -1,0 +1,218 @@
+"""The asyncio client for the broker's frontend: the gateway uses it, and so can you.
+
+One DEALER socket carries many requests at once (pipelining): each request
+gets a fresh id, a future waits for the REPLY with that id, and one receive
+task matches replies to futures.  Statuses other than ``ok`` become typed
+exceptions (:class:`ZBatchError` subclasses) carrying the broker's message.
+
+If the broker is not connected, a request fails at once with
+:class:`BrokerUnavailable` instead of waiting (``IMMEDIATE`` plus a
+non-blocking send); if a reply never comes, the wait ends at the request's
+timeout plus a grace period for the broker's own deadline answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import struct
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from broker import protocol
+from broker.protocol import Reply, Request, Status
+
+
+class ZBatchError(Exception):
+    """A request that did not succeed; ``status`` is the protocol status, if the broker gave one."""
+
+    status: Status | None = None
+
+    def __init__(self, message: str, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+class BadRequest(ZBatchError):
+    status = Status.BAD_REQUEST
+
+
+class UnknownModel(ZBatchError):
+    status = Status.UNKNOWN_MODEL
+
+
+class Overloaded(ZBatchError):
+    status = Status.OVERLOADED
+
+
+class NoWorker(ZBatchError):
+    status = Status.NO_WORKER
+
+
+class DeadlineExceeded(ZBatchError):
+    status = Status.DEADLINE_EXCEEDED
+
+
+class WorkerError(ZBatchError):
+    status = Status.WORKER_ERROR
+
+
+class BrokerUnavailable(ZBatchError):
+    """The broker is not connected or did not answer in time."""
+
+
+ERRORS_BY_STATUS: dict[Status, type[ZBatchError]] = {
+    cls.status: cls
+    for cls in (BadRequest, UnknownModel, Overloaded, NoWorker, DeadlineExceeded, WorkerError)
+    if cls.status is not None
+}
+
+
+def raise_for_status(reply: Reply) -> None:
+    if reply.status is not Status.OK:
+        raise ERRORS_BY_STATUS[reply.status](reply.message, reply.retry_after_ms)
+
+
+class AsyncClient:
+    """Pipelined requests to one broker over one DEALER socket; use as ``async with``."""
+
+    def __init__(
+        self,
+        endpoint: str = "tcp://127.0.0.1:5555",
+        *,
+        context: zmq.asyncio.Context | None = None,
+        timeout_ms: int = 30_000,
+        reply_grace_ms: int = 2_000,
+        connect_timeout_ms: int = 500,
+    ) -> None:
+        self.endpoint = endpoint
+        self.connect_timeout_ms = connect_timeout_ms
+        self.timeout_ms = timeout_ms
+        self.reply_grace_ms = reply_grace_ms
+        self._context = context or zmq.asyncio.Context.instance()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        self._socket.connect(endpoint)
+        self._pending: dict[bytes, asyncio.Future[Reply]] = {}
+        self._prefix = os.urandom(4)
+        self._counter = itertools.count()
+        self._receiver: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def infer(
+        self,
+        model: str,
+        inputs: list[Any],
+        parameters: dict[str, Any] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> list[Any]:
+        """Run ``inputs`` through ``model``; one output per input, arrays as numpy."""
+        payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
+        reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms)
+        raise_for_status(reply)
+        try:
+            outputs = protocol.decode_payload(reply.payload)["outputs"]
+        except (protocol.ProtocolError, KeyError, TypeError) as exc:
+            raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
+        return list(outputs)
+
+    async def request(
+        self, model: str, payload: bytes, *, items: int, timeout_ms: int | None = None
+    ) -> Reply:
+        """Send one raw request and return its reply, whatever the status.
+
+        Without ``timeout_ms`` the broker applies its default; ``self.timeout_ms``
+        should match it, since it bounds how long this side waits.
+        """
+        request_id = self._new_id()
+        frames = protocol.encode_request(Request(request_id, model, items, payload, timeout_ms))
+        wait_ms = (self.timeout_ms if timeout_ms is None else timeout_ms) + self.reply_grace_ms
+        return await self._exchange(request_id, frames, wait_ms)
+
+    async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
+        """The broker's statistics: models, backlogs, workers, batches."""
+        request_id = self._new_id()
+        reply = await self._exchange(request_id, protocol.encode_stats_query(request_id), timeout_ms)
+        raise_for_status(reply)
+        stats: dict[str, Any] = protocol.decode_payload(reply.payload)
+        return stats
+
+    async def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+            self._receiver = None
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        self._socket.close(linger=0)
+
+    def _new_id(self) -> bytes:
+        return self._prefix + struct.pack(">Q", next(self._counter))
+
+    async def _exchange(self, request_id: bytes, frames: list[bytes], wait_ms: int) -> Reply:
+        self._ensure_receiver()
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._send_or_fail(frames)
+            try:
+                return await asyncio.wait_for(future, wait_ms / 1000)
+            except TimeoutError:
+                raise BrokerUnavailable(
+                    f"no answer from the broker at {self.endpoint} within {wait_ms} ms"
+                ) from None
+            except asyncio.CancelledError:
+                self._send_cancel(request_id)
+                raise
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _send_or_fail(self, frames: list[bytes]) -> None:
+        """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast."""
+        try:
+            await self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        if await self._socket.poll(self.connect_timeout_ms, zmq.POLLOUT):
+            try:
+                await self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+        raise BrokerUnavailable(
+            f"the broker at {self.endpoint} is not connected; start zbatch-broker or check the address"
+        )
+
+    def _send_cancel(self, request_id: bytes) -> None:
+        """Tell the broker the caller gave up, so the work is skipped if it has not started."""
+        sent = self._socket.send_multipart(protocol.encode_cancel(request_id), flags=zmq.NOBLOCK)
+        # If the broker is gone or full, its deadline cleans up; retrieve the error quietly.
+        sent.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def _ensure_receiver(self) -> None:
+        if self._receiver is None or self._receiver.done():
+            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart()
+            try:
+                reply = protocol.decode_reply(frames)
+            except protocol.ProtocolError:
+                continue  # not ours to answer; the matching request will time out
+            future = self._pending.get(reply.request_id)
+            if future is not None and not future.done():
+                future.set_result(reply)

@@ -1,0 +1,36 @@
+"""The broker's settings: one frozen object, built once at start by :func:`load_config`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.settings import check_endpoint, load, option
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """zbatch-broker: routes requests from clients (frontend) to batching workers (backend)."""
+
+    frontend: str = option(
+        "tcp://127.0.0.1:5555", "ZeroMQ endpoint clients and gateways connect to", check=check_endpoint
+    )
+    backend: str = option(
+        "tcp://127.0.0.1:5556", "ZeroMQ endpoint workers connect to", check=check_endpoint
+    )
+    max_backlog: int = option(256, "items waiting per model before new requests are refused (503)", minimum=1)
+    timeout_ms: int = option(30_000, "deadline of a request that does not set one", minimum=1)
+    max_timeout_ms: int = option(60_000, "longest deadline a client may ask for", minimum=1)
+    no_worker_grace_ms: int = option(
+        2_000, "how long a request waits for a worker to appear before 'no worker available'", minimum=0
+    )
+    heartbeat_ms: int = option(1_000, "heartbeat interval between broker and workers", minimum=10)
+    heartbeat_liveness: int = option(3, "missed heartbeat intervals before a worker is declared dead", minimum=1)
+    max_retries: int = option(1, "times a request is re-dispatched after its worker died", minimum=0)
+    drain_timeout_ms: int = option(10_000, "on SIGTERM, how long in-flight work may take to finish", minimum=0)
+    models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
+    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BrokerConfig:
+    return load(BrokerConfig, argv, environ, prog="zbatch-broker")

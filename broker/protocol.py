@@ -1,0 +1,483 @@
+"""zbatch wire protocol v1: every message, encoded and decoded, with no sockets.
+
+Theory of operation
+-------------------
+Three kinds of peer speak this protocol, over ZeroMQ multipart messages:
+
+* a *client* (the HTTP gateway, or anyone with a DEALER socket) connects to the
+  broker's frontend ROUTER;
+* a *worker* connects a DEALER socket to the broker's backend ROUTER;
+* the *broker* sits between them and owns the scheduling.
+
+Every message starts with a 4-byte header frame: ``b"ZB"``, the protocol
+version (1) and a command byte.  The frames after it depend on the command
+(see ``broker/PROTOCOL.md``, which is the normative description; this module
+is its implementation).  Small structured fields travel as msgpack maps in a
+"meta" frame; model inputs and outputs travel in a separate "payload" frame
+that the broker never decodes: it only reads the request id, the model name,
+the item count and the timeout, and forwards the payload frame as it came.
+
+Decoding is strict: anything that does not match the schema raises
+:class:`ProtocolError`, the only exception the decoders raise, so callers can
+answer "bad request" or drop the message without ever crashing.
+
+Arrays inside payloads are msgpack extension type 1 (:data:`NDARRAY_EXT`):
+raw little-endian bytes plus dtype and shape, never lists of floats.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+
+SIGNATURE: Final = b"ZB"
+VERSION: Final = 1
+MAX_ID_BYTES: Final = 64
+MAX_NAME_CHARS: Final = 128
+MAX_META_BYTES: Final = 64 * 1024
+NDARRAY_EXT: Final = 1
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol; the text says which part."""
+
+
+class Command(enum.IntEnum):
+    READY = 1  # worker -> broker
+    REQUEST = 2  # client -> broker, broker -> worker
+    REPLY = 3  # broker -> client, worker -> broker
+    HEARTBEAT = 4  # worker <-> broker
+    DISCONNECT = 5  # worker <-> broker
+    CANCEL = 6  # client -> broker, broker -> worker
+    STATS = 7  # client -> broker (answered with REPLY)
+
+
+class Status(enum.StrEnum):
+    OK = "ok"
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_MODEL = "unknown_model"
+    OVERLOADED = "overloaded"
+    NO_WORKER = "no_worker"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    WORKER_ERROR = "worker_error"
+    CANCELLED = "cancelled"  # worker -> broker only: skipped because the broker sent CANCEL
+
+
+HEADERS: Final = {command: SIGNATURE + bytes((VERSION, command)) for command in Command}
+
+
+# --------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Work for one model. ``timeout_ms`` is relative: each hop turns it into its own clock."""
+
+    request_id: bytes
+    model: str
+    items: int
+    payload: bytes
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The one answer to a request; ``payload`` is empty unless the status is ok."""
+
+    request_id: bytes
+    status: Status
+    message: str = ""
+    payload: bytes = b""
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    task: str
+    max_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker's registration: what it serves and how many items it accepts in flight."""
+
+    models: tuple[ModelInfo, ...]
+    capacity: int
+    name: str = ""
+    host: str = ""
+    pid: int = 0
+    device: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCounters:
+    batches: int = 0
+    items: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Liveness; from a worker it also carries cumulative batch counters per model."""
+
+    batches: dict[str, BatchCounters] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    request_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StatsQuery:
+    request_id: bytes
+
+
+ClientMessage = Request | Cancel | StatsQuery
+WorkerMessage = Ready | Reply | Heartbeat | Disconnect
+BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def encode_request(request: Request) -> list[bytes]:
+    meta: dict[str, Any] = {"model": request.model, "items": request.items}
+    if request.timeout_ms is not None:
+        meta["timeout_ms"] = request.timeout_ms
+    return [HEADERS[Command.REQUEST], request.request_id, _pack(meta), request.payload]
+
+
+def encode_reply(reply: Reply) -> list[bytes]:
+    meta: dict[str, Any] = {"status": reply.status.value, "message": reply.message}
+    if reply.retry_after_ms is not None:
+        meta["retry_after_ms"] = reply.retry_after_ms
+    return [HEADERS[Command.REPLY], reply.request_id, _pack(meta), reply.payload]
+
+
+def encode_ready(ready: Ready) -> list[bytes]:
+    meta = {
+        "models": [
+            {"name": m.name, "task": m.task, "max_batch_size": m.max_batch_size}
+            for m in ready.models
+        ],
+        "capacity": ready.capacity,
+        "name": ready.name,
+        "host": ready.host,
+        "pid": ready.pid,
+        "device": ready.device,
+    }
+    return [HEADERS[Command.READY], _pack(meta)]
+
+
+def encode_heartbeat(heartbeat: Heartbeat | None = None) -> list[bytes]:
+    if heartbeat is None or not heartbeat.batches:
+        return [HEADERS[Command.HEARTBEAT]]
+    batches = {
+        name: {"batches": c.batches, "items": c.items} for name, c in heartbeat.batches.items()
+    }
+    return [HEADERS[Command.HEARTBEAT], _pack({"batches": batches})]
+
+
+def encode_disconnect(reason: str = "") -> list[bytes]:
+    return [HEADERS[Command.DISCONNECT], _pack({"reason": reason})]
+
+
+def encode_cancel(request_id: bytes) -> list[bytes]:
+    return [HEADERS[Command.CANCEL], request_id]
+
+
+def encode_stats_query(request_id: bytes) -> list[bytes]:
+    return [HEADERS[Command.STATS], request_id]
+
+
+def readdress_reply(frames: list[bytes], request_id: bytes) -> list[bytes]:
+    """The same REPLY under another request id: the broker forwards meta and payload untouched."""
+    return [HEADERS[Command.REPLY], request_id, frames[2], frames[3]]
+
+
+# --------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------
+
+
+def decode_header(frames: list[bytes]) -> Command:
+    """The command of a message, after checking signature and version."""
+    if not frames:
+        raise ProtocolError("empty message")
+    header = frames[0]
+    if len(header) != 4 or header[:2] != SIGNATURE:
+        raise ProtocolError("first frame is not a zbatch header (expected b'ZB' + version + command)")
+    if header[2] != VERSION:
+        raise ProtocolError(f"protocol version {header[2]} is not supported; this peer speaks {VERSION}")
+    try:
+        return Command(header[3])
+    except ValueError:
+        raise ProtocolError(f"unknown command {header[3]}") from None
+
+
+def decode_client_message(frames: list[bytes]) -> ClientMessage:
+    """A message a client may send to the broker's frontend."""
+    command = decode_header(frames)
+    if command is Command.REQUEST:
+        return _decode_request(frames)
+    if command is Command.CANCEL:
+        return Cancel(_decode_id_only(frames))
+    if command is Command.STATS:
+        return StatsQuery(_decode_id_only(frames))
+    raise ProtocolError(f"command {command.name} is not allowed from a client")
+
+
+def decode_worker_message(frames: list[bytes]) -> WorkerMessage:
+    """A message a worker may send to the broker's backend."""
+    command = decode_header(frames)
+    if command is Command.READY:
+        return _decode_ready(frames)
+    if command is Command.REPLY:
+        return decode_reply(frames)
+    if command is Command.HEARTBEAT:
+        return _decode_heartbeat(frames)
+    if command is Command.DISCONNECT:
+        return _decode_disconnect(frames)
+    raise ProtocolError(f"command {command.name} is not allowed from a worker")
+
+
+def decode_broker_to_worker(frames: list[bytes]) -> BrokerToWorkerMessage:
+    """A message the broker may send to a worker."""
+    command = decode_header(frames)
+    if command is Command.REQUEST:
+        return _decode_request(frames)
+    if command is Command.CANCEL:
+        return Cancel(_decode_id_only(frames))
+    if command is Command.HEARTBEAT:
+        _expect_frames(frames, 1, 1)
+        return Heartbeat()
+    if command is Command.DISCONNECT:
+        return _decode_disconnect(frames)
+    raise ProtocolError(f"command {command.name} is not allowed from the broker to a worker")
+
+
+def decode_reply(frames: list[bytes]) -> Reply:
+    if decode_header(frames) is not Command.REPLY:
+        raise ProtocolError("expected a REPLY")
+    _expect_frames(frames, 4, 4)
+    request_id = _check_id(frames[1])
+    meta = _unpack_meta(frames[2])
+    _only_keys(meta, {"status", "message", "retry_after_ms"})
+    raw_status = _field(meta, "status", str)
+    try:
+        status = Status(raw_status)
+    except ValueError:
+        raise ProtocolError(f"unknown status {raw_status!r}") from None
+    retry_after = _optional(meta, "retry_after_ms", int)
+    return Reply(
+        request_id=request_id,
+        status=status,
+        message=_optional(meta, "message", str) or "",
+        payload=frames[3],
+        retry_after_ms=retry_after,
+    )
+
+
+def request_id_of(frames: list[bytes]) -> bytes | None:
+    """Best-effort request id of a malformed client message, so it can still be answered."""
+    if len(frames) >= 2 and 1 <= len(frames[1]) <= MAX_ID_BYTES:
+        return frames[1]
+    return None
+
+
+def _decode_request(frames: list[bytes]) -> Request:
+    _expect_frames(frames, 4, 4)
+    request_id = _check_id(frames[1])
+    meta = _unpack_meta(frames[2])
+    _only_keys(meta, {"model", "items", "timeout_ms"})
+    model = _field(meta, "model", str)
+    if not 1 <= len(model) <= MAX_NAME_CHARS:
+        raise ProtocolError(f"model name must have 1 to {MAX_NAME_CHARS} characters")
+    items = _field(meta, "items", int)
+    if items < 1:
+        raise ProtocolError("items must be at least 1")
+    timeout_ms = _optional(meta, "timeout_ms", int)
+    if timeout_ms is not None and timeout_ms < 1:
+        raise ProtocolError("timeout_ms must be at least 1")
+    return Request(request_id, model, items, frames[3], timeout_ms)
+
+
+def _decode_ready(frames: list[bytes]) -> Ready:
+    _expect_frames(frames, 2, 2)
+    meta = _unpack_meta(frames[1])
+    _only_keys(meta, {"models", "capacity", "name", "host", "pid", "device"})
+    raw_models = _field(meta, "models", list)
+    if not raw_models:
+        raise ProtocolError("READY must list at least one model")
+    models = tuple(_decode_model_info(m) for m in raw_models)
+    capacity = _field(meta, "capacity", int)
+    if capacity < 1:
+        raise ProtocolError("capacity must be at least 1")
+    return Ready(
+        models=models,
+        capacity=capacity,
+        name=_optional(meta, "name", str) or "",
+        host=_optional(meta, "host", str) or "",
+        pid=_optional(meta, "pid", int) or 0,
+        device=_optional(meta, "device", str) or "",
+    )
+
+
+def _decode_model_info(raw: Any) -> ModelInfo:
+    if not isinstance(raw, dict):
+        raise ProtocolError("each model in READY must be a map")
+    _only_keys(raw, {"name", "task", "max_batch_size"})
+    name = _field(raw, "name", str)
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise ProtocolError(f"model name must have 1 to {MAX_NAME_CHARS} characters")
+    batch = _field(raw, "max_batch_size", int)
+    if batch < 1:
+        raise ProtocolError("max_batch_size must be at least 1")
+    return ModelInfo(name=name, task=_field(raw, "task", str), max_batch_size=batch)
+
+
+def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
+    _expect_frames(frames, 1, 2)
+    if len(frames) == 1:
+        return Heartbeat()
+    meta = _unpack_meta(frames[1])
+    _only_keys(meta, {"batches"})
+    batches: dict[str, BatchCounters] = {}
+    for name, counters in _field(meta, "batches", dict).items():
+        if not isinstance(name, str) or not isinstance(counters, dict):
+            raise ProtocolError("heartbeat batches must map model names to counter maps")
+        _only_keys(counters, {"batches", "items"})
+        batches[name] = BatchCounters(_field(counters, "batches", int), _field(counters, "items", int))
+    return Heartbeat(batches)
+
+
+def _decode_disconnect(frames: list[bytes]) -> Disconnect:
+    _expect_frames(frames, 1, 2)
+    if len(frames) == 1:
+        return Disconnect()
+    meta = _unpack_meta(frames[1])
+    _only_keys(meta, {"reason"})
+    return Disconnect(_optional(meta, "reason", str) or "")
+
+
+def _decode_id_only(frames: list[bytes]) -> bytes:
+    _expect_frames(frames, 2, 2)
+    return _check_id(frames[1])
+
+
+def _expect_frames(frames: list[bytes], low: int, high: int) -> None:
+    if not low <= len(frames) <= high:
+        expected = str(low) if low == high else f"{low} to {high}"
+        raise ProtocolError(f"expected {expected} frames, got {len(frames)}")
+
+
+def _check_id(request_id: bytes) -> bytes:
+    if not 1 <= len(request_id) <= MAX_ID_BYTES:
+        raise ProtocolError(f"request id must be 1 to {MAX_ID_BYTES} bytes")
+    return request_id
+
+
+def _unpack_meta(frame: bytes) -> dict[Any, Any]:
+    if len(frame) > MAX_META_BYTES:
+        raise ProtocolError(f"meta frame larger than {MAX_META_BYTES} bytes")
+    try:
+        meta = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many types on garbage; all mean the same
+        raise ProtocolError(f"meta frame is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError("meta frame must be a msgpack map")
+    return meta
+
+
+def _only_keys(meta: dict[Any, Any], allowed: set[str]) -> None:
+    unknown = set(meta) - allowed
+    if unknown:
+        raise ProtocolError(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+
+
+def _field(meta: dict[Any, Any], key: str, kind: type) -> Any:
+    if key not in meta:
+        raise ProtocolError(f"missing field {key!r}")
+    return _typed(meta, key, kind)
+
+
+def _optional(meta: dict[Any, Any], key: str, kind: type) -> Any:
+    return _typed(meta, key, kind) if meta.get(key) is not None else None
+
+
+def _typed(meta: dict[Any, Any], key: str, kind: type) -> Any:
+    value = meta[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(f"field {key!r} must be of type {kind.__name__}")
+    return value
+
+
+# --------------------------------------------------------------------------
+# Payloads (between clients and workers; the broker never calls these)
+# --------------------------------------------------------------------------
+
+
+def _encode_extension(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"arrays of dtype {array.dtype} cannot be sent; use numbers")
+        body = _pack([array.dtype.str, list(array.shape), array.tobytes()])
+        return msgpack.ExtType(NDARRAY_EXT, body)
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__} in a payload")
+
+
+def _decode_extension(code: int, data: bytes) -> np.ndarray:
+    if code != NDARRAY_EXT:
+        raise ProtocolError(f"unknown msgpack extension type {code}")
+    try:
+        dtype_str, shape, raw = msgpack.unpackb(data, raw=False)
+        dtype = np.dtype(dtype_str)
+    except Exception:
+        raise ProtocolError("malformed ndarray extension") from None
+    if dtype.kind not in "biuf" or dtype.byteorder == ">":
+        raise ProtocolError(f"ndarray dtype {dtype_str!r} is not a little-endian number type")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ProtocolError("ndarray shape must be a list of non-negative integers")
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(raw):
+        raise ProtocolError("ndarray data length does not match its dtype and shape")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def encode_payload(value: Any) -> bytes:
+    """msgpack with numpy arrays as raw little-endian bytes (extension type 1)."""
+    return msgpack.packb(value, use_bin_type=True, default=_encode_extension)
+
+
+def decode_payload(data: bytes, max_bytes: int = 64 * 1024 * 1024) -> Any:
+    """Inverse of :func:`encode_payload`; arrays come back as read-only numpy views."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"payload larger than {max_bytes} bytes")
+    try:
+        return msgpack.unpackb(data, raw=False, ext_hook=_decode_extension, strict_map_key=False)
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"payload is not valid msgpack ({type(exc).__name__})") from None

@@ -1,0 +1,120 @@
+"""The broker's I/O shell: two ROUTER sockets around :class:`broker.core.BrokerCore`.
+
+The loop waits for either socket or the core's next wakeup, drains each
+readable socket in a burst, lets the core decide, and sends its outbox.
+Sends never block: ROUTER_MANDATORY turns a vanished peer into an error the
+core hears about, instead of a silent drop.
+
+Shutdown runs in stages (SIGTERM or SIGINT): stop admitting, let admitted
+work finish for up to ``drain_timeout_ms``, answer whatever is left, then
+close both sockets before terminating the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from broker.config import BrokerConfig
+from broker.core import BrokerCore, Peer
+
+log = logging.getLogger("zbatch.broker")
+BURST = 256
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig, context: zmq.asyncio.Context | None = None) -> None:
+        self.config = config
+        self.core = BrokerCore(config, time.monotonic)
+        self._context = context or zmq.asyncio.Context()
+        self._owns_context = context is None
+        self.frontend = self._router(config.frontend)
+        self.backend = self._router(config.backend, handover=True)
+        # Non-blocking sends and receives go through synchronous views of the same sockets,
+        # so errors surface at the call instead of inside futures; only the wait is async.
+        self._sync = {
+            sock: zmq.Socket.shadow(sock.underlying) for sock in (self.frontend, self.backend)
+        }
+        self._stop = asyncio.Event()
+
+    def _router(self, endpoint: str, *, handover: bool = False) -> zmq.asyncio.Socket:
+        socket = self._context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if handover:  # a restarted worker with the same identity takes over its old connection
+            socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 100_000)
+        socket.setsockopt(zmq.RCVHWM, 100_000)
+        socket.bind(endpoint)
+        return socket
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        log.info("zbatch-broker: clients on %s, workers on %s", self.config.frontend, self.config.backend)
+        poller = zmq.asyncio.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        try:
+            await self._serve(poller, until=self._stop.is_set)
+            log.info("draining: refusing new requests, waiting up to %d ms", self.config.drain_timeout_ms)
+            self.core.begin_drain()
+            drain_end = time.monotonic() + self.config.drain_timeout_ms / 1000
+            await self._serve(poller, until=lambda: self.core.idle or time.monotonic() >= drain_end)
+            self.core.abandon_all("the broker stopped before this request finished; retry")
+            self._flush()
+        finally:
+            self.close()
+        log.info("zbatch-broker stopped")
+
+    async def _serve(self, poller: zmq.asyncio.Poller, until: Callable[[], bool]) -> None:
+        while not until():
+            timeout_ms = max(0, min(100, int((self.core.next_wakeup() - time.monotonic()) * 1000) + 1))
+            events = dict(await poller.poll(timeout_ms))
+            if self.frontend in events:
+                self._drain(self.frontend, self.core.client_message)
+            if self.backend in events:
+                self._drain(self.backend, self.core.worker_message)
+            self.core.tick()
+            self._flush()
+
+    def _drain(self, socket: zmq.asyncio.Socket, handle: Callable[[bytes, list[bytes]], None]) -> None:
+        sync = self._sync[socket]
+        for _ in range(BURST):
+            try:
+                identity, *frames = sync.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(identity, frames)
+
+    def _flush(self) -> None:
+        outbox, self.core.outbox = self.core.outbox, []
+        for peer, identity, frames in outbox:
+            socket = self._sync[self.frontend if peer is Peer.CLIENT else self.backend]
+            try:
+                socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                # EHOSTUNREACH: the peer is gone; EAGAIN: it stopped reading (at HWM).
+                log.debug("could not send to %s %s: %s", peer.value, identity.hex(), exc)
+                self.core.unreachable(peer, identity)
+
+    def close(self) -> None:
+        self.frontend.close(linger=0)
+        self.backend.close(linger=0)
+        if self._owns_context:
+            self._context.term()
+
+
+async def serve(config: BrokerConfig) -> None:
+    server = BrokerServer(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.request_stop)
+    await server.run()

@@ -1,0 +1,128 @@
+"""The broker's bookkeeping records: jobs, workers and per-model backlogs.
+
+Plain data with a few invariants kept by small methods; the decisions that
+use them live in :mod:`broker.core`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from broker.protocol import BatchCounters, Ready, Status
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One admitted client request, from admission until its worker has let go of it.
+
+    ``answered`` means the client has had its one answer (or cancelled); a job
+    can be answered while still in flight on a worker, whose credit stays
+    taken until that worker replies or is declared dead.
+    """
+
+    job_id: bytes
+    client: bytes
+    request_id: bytes
+    model: str
+    items: int
+    payload: bytes
+    admitted_at: float
+    deadline: float
+    attempts: int = 0
+    worker: WorkerState | None = None
+    waiting: bool = False
+    answered: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class WorkerState:
+    identity: bytes
+    ready: Ready
+    last_seen: float
+    last_dispatch: float = float("-inf")
+    in_flight: dict[bytes, Job] = field(default_factory=dict)
+    in_flight_items: int = 0
+    batches: dict[str, BatchCounters] = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        return [m.name for m in self.ready.models]
+
+    @property
+    def free_credit(self) -> int:
+        return self.ready.capacity - self.in_flight_items
+
+    def can_take(self, items: int) -> bool:
+        """Room for ``items``; a request larger than the whole capacity goes to an idle worker."""
+        return items <= self.free_credit or self.in_flight_items == 0
+
+    def take(self, job: Job, now: float) -> None:
+        self.in_flight[job.job_id] = job
+        self.in_flight_items += job.items
+        self.last_dispatch = now
+        job.worker = self
+
+    def release(self, job_id: bytes) -> Job | None:
+        job = self.in_flight.pop(job_id, None)
+        if job is not None:
+            self.in_flight_items -= job.items
+            job.worker = None
+        return job
+
+
+@dataclass(slots=True, eq=False)
+class ModelState:
+    """A model's FIFO backlog; ``known`` once configured or announced by a worker."""
+
+    name: str
+    known: bool = False
+    backlog: deque[Job] = field(default_factory=deque)
+    backlog_items: int = 0
+    workers: dict[bytes, WorkerState] = field(default_factory=dict)
+    answered: Counter[Status] = field(default_factory=Counter)
+    retired_batches: BatchCounters = field(default_factory=BatchCounters)
+
+    def enqueue(self, job: Job, *, front: bool = False) -> None:
+        if front:
+            self.backlog.appendleft(job)
+        else:
+            self.backlog.append(job)
+        self.backlog_items += job.items
+        job.waiting = True
+
+    def first_waiting(self) -> Job | None:
+        """Head of the backlog, skipping jobs answered while they waited."""
+        while self.backlog and not self.backlog[0].waiting:
+            self.backlog.popleft()
+        return self.backlog[0] if self.backlog else None
+
+    def dequeue_head(self) -> Job:
+        job = self.backlog.popleft()
+        self.forget_waiting(job)
+        return job
+
+    def forget_waiting(self, job: Job) -> None:
+        """Stop counting a job as waiting; answered jobs leave the deque lazily."""
+        if job.waiting:
+            job.waiting = False
+            self.backlog_items -= job.items
+
+    def batch_totals(self) -> BatchCounters:
+        batches, items = self.retired_batches.batches, self.retired_batches.items
+        for worker in self.workers.values():
+            counters = worker.batches.get(self.name)
+            if counters is not None:
+                batches += counters.batches
+                items += counters.items
+        return BatchCounters(batches, items)
+
+    def retire(self, worker: WorkerState) -> None:
+        """Keep a departing worker's batch counts in the model's totals."""
+        self.workers.pop(worker.identity, None)
+        counters = worker.batches.get(self.name)
+        if counters is not None:
+            self.retired_batches = BatchCounters(
+                self.retired_batches.batches + counters.batches,
+                self.retired_batches.items + counters.items,
+            )

@@ -1,0 +1,140 @@
+"""Wire protocol v1: round trips and rejections, no sockets."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from broker import protocol
+from broker.protocol import (
+    BatchCounters,
+    Cancel,
+    Command,
+    Disconnect,
+    Heartbeat,
+    ModelInfo,
+    ProtocolError,
+    Ready,
+    Reply,
+    Request,
+    Status,
+    StatsQuery,
+)
+
+
+def test_header_is_signature_version_command() -> None:
+    assert protocol.HEADERS[Command.REQUEST] == b"ZB\x01\x02"
+
+
+@pytest.mark.parametrize("timeout_ms", [None, 250])
+def test_request_round_trip(timeout_ms: int | None) -> None:
+    request = Request(b"id-1", "all-MiniLM-L6-v2", 3, b"\x93\x01\x02\x03", timeout_ms)
+    assert protocol.decode_client_message(protocol.encode_request(request)) == request
+    assert protocol.decode_broker_to_worker(protocol.encode_request(request)) == request
+
+
+def test_reply_round_trip_and_readdress() -> None:
+    reply = Reply(b"job", Status.OVERLOADED, "busy", b"", retry_after_ms=1000)
+    frames = protocol.encode_reply(reply)
+    assert protocol.decode_reply(frames) == reply
+    forwarded = protocol.readdress_reply(frames, b"client-id")
+    assert protocol.decode_reply(forwarded) == Reply(b"client-id", Status.OVERLOADED, "busy", b"", 1000)
+    assert forwarded[2] is frames[2] and forwarded[3] is frames[3]  # meta and payload untouched
+
+
+def test_worker_messages_round_trip() -> None:
+    ready = Ready((ModelInfo("m", "embeddings", 32),), 64, "w0", "host", 42, "cuda:0")
+    assert protocol.decode_worker_message(protocol.encode_ready(ready)) == ready
+    heartbeat = Heartbeat({"m": BatchCounters(3, 40)})
+    assert protocol.decode_worker_message(protocol.encode_heartbeat(heartbeat)) == heartbeat
+    assert protocol.decode_worker_message(protocol.encode_heartbeat()) == Heartbeat()
+    assert protocol.decode_worker_message(protocol.encode_disconnect("bye")) == Disconnect("bye")
+
+
+def test_client_control_messages() -> None:
+    assert protocol.decode_client_message(protocol.encode_cancel(b"r1")) == Cancel(b"r1")
+    assert protocol.decode_client_message(protocol.encode_stats_query(b"r2")) == StatsQuery(b"r2")
+
+
+def _meta(**fields: object) -> bytes:
+    return msgpack.packb(fields)
+
+
+@pytest.mark.parametrize(
+    ("frames", "complaint"),
+    [
+        ([], "empty message"),
+        ([b"XX\x01\x02", b"id", _meta(model="m", items=1), b""], "not a zbatch header"),
+        ([b"ZB\x02\x02", b"id", _meta(model="m", items=1), b""], "version 2 is not supported"),
+        ([b"ZB\x01\x63"], "unknown command 99"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items=1)], "expected 4 frames"),
+        ([b"ZB\x01\x02", b"", _meta(model="m", items=1), b""], "request id must be"),
+        ([b"ZB\x01\x02", b"x" * 65, _meta(model="m", items=1), b""], "request id must be"),
+        ([b"ZB\x01\x02", b"id", b"\xc1garbage", b""], "not valid msgpack"),
+        ([b"ZB\x01\x02", b"id", msgpack.packb([1, 2]), b""], "must be a msgpack map"),
+        ([b"ZB\x01\x02", b"id", _meta(items=1), b""], "missing field 'model'"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items="1"), b""], "'items' must be of type int"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items=True), b""], "'items' must be of type int"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items=0), b""], "items must be at least 1"),
+        ([b"ZB\x01\x02", b"id", _meta(model="", items=1), b""], "model name must have"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items=1, timeout_ms=0), b""], "timeout_ms must be"),
+        ([b"ZB\x01\x02", b"id", _meta(model="m", items=1, evil=1), b""], "unknown field(s): evil"),
+        ([b"ZB\x01\x01", _meta(models=[], capacity=1)], "not allowed from a client"),
+    ],
+)
+def test_client_decoder_rejects(frames: list[bytes], complaint: str) -> None:
+    with pytest.raises(ProtocolError, match=None) as info:
+        protocol.decode_client_message(frames)
+    assert complaint in str(info.value)
+
+
+def test_worker_decoder_rejects_client_commands_and_bad_ready() -> None:
+    with pytest.raises(ProtocolError, match="not allowed from a worker"):
+        protocol.decode_worker_message(protocol.encode_stats_query(b"x"))
+    with pytest.raises(ProtocolError, match="at least one model"):
+        protocol.decode_worker_message([protocol.HEADERS[Command.READY], _meta(models=[], capacity=4)])
+    bad_model = _meta(models=[{"name": "m", "task": "t", "max_batch_size": 0}], capacity=4)
+    with pytest.raises(ProtocolError, match="max_batch_size"):
+        protocol.decode_worker_message([protocol.HEADERS[Command.READY], bad_model])
+    with pytest.raises(ProtocolError, match="unknown status"):
+        protocol.decode_reply([protocol.HEADERS[Command.REPLY], b"id", _meta(status="meh"), b""])
+
+
+def test_request_id_is_recovered_from_malformed_messages() -> None:
+    assert protocol.request_id_of([b"ZB\x09\x02", b"abc"]) == b"abc"
+    assert protocol.request_id_of([b"junk"]) is None
+    assert protocol.request_id_of([b"ZB\x01\x02", b"x" * 100]) is None
+
+
+def test_payload_arrays_travel_as_little_endian_bytes() -> None:
+    matrix = np.arange(12, dtype=np.float32).reshape(3, 4)
+    encoded = protocol.encode_payload({"outputs": [matrix, np.int64(7), "text"]})
+    assert matrix.tobytes() in encoded  # raw bytes, not a list of floats
+    decoded = protocol.decode_payload(encoded)["outputs"]
+    np.testing.assert_array_equal(decoded[0], matrix)
+    assert decoded[0].dtype == np.float32 and decoded[1:] == [7, "text"]
+    big_endian = np.arange(3, dtype=">f8")
+    np.testing.assert_array_equal(protocol.decode_payload(protocol.encode_payload(big_endian)), big_endian)
+
+
+@pytest.mark.parametrize(
+    "ext",
+    [
+        msgpack.ExtType(9, b"x"),
+        msgpack.ExtType(1, b"\xc1"),
+        msgpack.ExtType(1, msgpack.packb(["<f4", [2], b"\x00" * 4])),
+        msgpack.ExtType(1, msgpack.packb(["|O", [1], b"\x00" * 8])),
+        msgpack.ExtType(1, msgpack.packb(["<f4", [-1], b""])),
+    ],
+)
+def test_payload_rejects_bad_extensions(ext: msgpack.ExtType) -> None:
+    with pytest.raises(ProtocolError):
+        protocol.decode_payload(msgpack.packb({"outputs": [ext]}))
+
+
+def test_payload_rejects_garbage_and_oversize() -> None:
+    with pytest.raises(ProtocolError, match="not valid msgpack"):
+        protocol.decode_payload(b"\xc1\xc1")
+    with pytest.raises(ProtocolError, match="larger than"):
+        protocol.decode_payload(b"\x00" * 11, max_bytes=10)

@@ -1,0 +1,82 @@
+"""Batch formation and one reply per request, without sockets or threads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker import protocol
+from broker.protocol import Status
+from worker.assembler import Assembler, ItemFailure, PendingRequest
+
+
+def pending(job_id: bytes, n: int, deadline: float = 100.0, parameters: dict[str, Any] | None = None) -> PendingRequest:
+    params = parameters or {}
+    return PendingRequest(job_id, [f"{job_id.decode()}-{i}" for i in range(n)], params, repr(params).encode(), deadline, 0.0)
+
+
+def test_batches_cap_items_and_split_requests_across_batches() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 3))
+    a.add(pending(b"b", 3))
+    first = a.take_batch(4)
+    assert first is not None and first.inputs == ["a-0", "a-1", "a-2", "b-0"]
+    assert a.pending_items == 2
+    second = a.take_batch(4)
+    assert second is not None and second.inputs == ["b-1", "b-2"]
+    assert a.take_batch(4) is None
+
+
+def test_reply_when_the_last_item_is_done_with_outputs_in_order() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 3))
+    first = a.take_batch(2)
+    second = a.take_batch(2)
+    assert first is not None and second is not None
+    assert a.complete(second, ["out-2"]) == []
+    [reply] = a.complete(first, ["out-0", "out-1"])
+    assert reply.status is Status.OK
+    assert protocol.decode_payload(reply.payload) == {"outputs": ["out-0", "out-1", "out-2"]}
+    assert len(a) == 0
+
+
+def test_a_batch_never_mixes_parameters() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 1))
+    a.add(pending(b"b", 1, parameters={"top_k": 2}))
+    a.add(pending(b"c", 1))
+    batch = a.take_batch(8)
+    assert batch is not None and batch.inputs == ["a-0"]
+
+
+def test_expired_requests_are_answered_and_never_batched() -> None:
+    a = Assembler()
+    a.add(pending(b"old", 2, deadline=1.0))
+    a.add(pending(b"new", 1, deadline=10.0))
+    [reply] = a.expire(now=1.0)
+    assert reply.request_id == b"old" and reply.status is Status.DEADLINE_EXCEEDED
+    batch = a.take_batch(8)
+    assert batch is not None and batch.inputs == ["new-0"]
+    assert a.pending_items == 0
+
+
+def test_a_failing_item_fails_only_its_request_once() -> None:
+    a = Assembler()
+    a.add(pending(b"bad", 2))
+    a.add(pending(b"good", 1))
+    batch = a.take_batch(8)
+    assert batch is not None
+    failure = ItemFailure(Status.WORKER_ERROR, "inference failed")
+    replies = a.complete(batch, [failure, failure, "fine"])
+    assert [(r.request_id, r.status) for r in replies] == [(b"bad", Status.WORKER_ERROR), (b"good", Status.OK)]
+
+
+def test_cancel_skips_items_not_yet_started() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 1))
+    a.add(pending(b"b", 1))
+    reply = a.cancel(b"a")
+    assert reply is not None and reply.status is Status.CANCELLED
+    assert a.cancel(b"a") is None
+    batch = a.take_batch(8)
+    assert batch is not None and batch.inputs == ["b-0"]
+    assert a.first_arrival() == float("inf")

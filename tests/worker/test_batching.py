@@ -1,0 +1,78 @@
+"""The batching policy with a fake clock: one deadline per batch, a size cap, no needless wait."""
+
+from __future__ import annotations
+
+from worker.batching import ArrivalRate, BatchPolicy
+
+
+def policy(max_batch: int = 4, delay_ms: float = 5.0) -> BatchPolicy:
+    return BatchPolicy(max_batch, delay_ms / 1000)
+
+
+def steady_stream(p: BatchPolicy, start: float, per_second: float, seconds: float) -> float:
+    """Record a stream of single items and return the time of the last one."""
+    t, gap = start, 1 / per_second
+    while t < start + seconds:
+        p.arrived(t, 1)
+        t += gap
+    return t - gap
+
+
+def test_nothing_pending_means_nothing_to_run() -> None:
+    assert policy().run_at(now=10.0, pending=0, first_arrival=float("inf"), idle_since=0.0) is None
+
+
+def test_lone_request_on_a_quiet_worker_runs_at_once() -> None:
+    p = policy()
+    p.arrived(10.0, 1)
+    assert p.run_at(now=10.0, pending=1, first_arrival=10.0, idle_since=0.0) == 10.0
+
+
+def test_slow_trickle_does_not_wait() -> None:
+    p = policy()
+    last = steady_stream(p, start=0.0, per_second=40, seconds=2)
+    assert p.run_at(now=last, pending=1, first_arrival=last, idle_since=0.0) == last
+
+
+def test_busy_stream_waits_for_the_window_that_the_first_item_started() -> None:
+    p = policy(max_batch=32)
+    last = steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    first = last
+    assert p.run_at(now=first, pending=1, first_arrival=first, idle_since=0.0) == first + 0.005
+    # Later arrivals never push the deadline back.
+    for step in range(1, 5):
+        now = first + step * 0.001
+        p.arrived(now, 1)
+        assert p.run_at(now=now, pending=step + 1, first_arrival=first, idle_since=0.0) == first + 0.005
+
+
+def test_deadline_passed_runs_now() -> None:
+    p = policy(max_batch=32)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.006, pending=3, first_arrival=1.0, idle_since=0.0) == 1.006
+
+
+def test_size_cap_runs_at_once_even_inside_the_window() -> None:
+    p = policy(max_batch=4)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=4, first_arrival=1.0, idle_since=0.0) == 1.0
+
+
+def test_items_that_waited_for_a_busy_model_run_when_it_frees() -> None:
+    p = policy(max_batch=32)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=5, first_arrival=0.999, idle_since=1.0) == 1.0
+
+
+def test_zero_delay_never_waits() -> None:
+    p = policy(delay_ms=0)
+    steady_stream(p, start=0.0, per_second=5000, seconds=1)
+    assert p.run_at(now=1.0, pending=1, first_arrival=1.0, idle_since=0.0) == 1.0
+
+
+def test_arrival_rate_forgets_old_arrivals() -> None:
+    rate = ArrivalRate(horizon_s=1.0)
+    for i in range(10):
+        rate.record(i * 0.01, 2)
+    assert rate.per_second(0.1) == 20
+    assert rate.per_second(5.0) == 0

@@ -1,0 +1,142 @@
+"""The worker's pending work: requests in, batches out, one reply per request.
+
+Plain state with an injected clock and no sockets or threads.  Requests are
+split into items; a batch takes items in arrival order (a request's items
+may span batches) as long as they share the same parameters.  Items of a
+request that expired, was cancelled or already failed are skipped when the
+batch is formed, never sent to the model.  A request is answered once: when
+its last item is done, or at its first failure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import protocol
+from broker.protocol import Reply, Status
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    job_id: bytes
+    inputs: list[Any]
+    parameters: dict[str, Any]
+    parameters_key: bytes
+    deadline: float
+    arrived_at: float
+    outputs: list[Any] = field(default_factory=list)
+    next_item: int = 0
+    done_items: int = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    request: PendingRequest
+    index: int
+
+    @property
+    def input(self) -> Any:
+        return self.request.inputs[self.index]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    items: tuple[BatchItem, ...]
+    parameters: dict[str, Any]
+
+    @property
+    def inputs(self) -> list[Any]:
+        return [item.input for item in self.items]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFailure:
+    """What the model said about one input that could not be processed."""
+
+    status: Status
+    message: str
+
+
+class Assembler:
+    def __init__(self) -> None:
+        self._queue: deque[PendingRequest] = deque()
+        self._by_id: dict[bytes, PendingRequest] = {}
+        self.pending_items = 0
+
+    def add(self, request: PendingRequest) -> None:
+        request.outputs = [None] * len(request.inputs)
+        self._queue.append(request)
+        self._by_id[request.job_id] = request
+        self.pending_items += len(request.inputs)
+
+    def first_arrival(self) -> float:
+        """Arrival time of the oldest request that still has items to run."""
+        self._skip_finished_head()
+        return self._queue[0].arrived_at if self._queue else float("inf")
+
+    def cancel(self, job_id: bytes) -> Reply | None:
+        request = self._by_id.get(job_id)
+        if request is None or request.finished:
+            return None
+        return self._finish(request, Status.CANCELLED, "cancelled by the broker")
+
+    def expire(self, now: float) -> list[Reply]:
+        """Answer the requests whose deadline passed before their items could run."""
+        expired = [r for r in self._by_id.values() if not r.finished and r.deadline <= now]
+        return [self._finish(r, Status.DEADLINE_EXCEEDED, "deadline passed before the model could run it")
+                for r in expired]
+
+    def take_batch(self, max_items: int) -> Batch | None:
+        """Up to ``max_items`` items in arrival order, all with the same parameters."""
+        self._skip_finished_head()
+        if not self._queue:
+            return None
+        key, parameters = self._queue[0].parameters_key, self._queue[0].parameters
+        items: list[BatchItem] = []
+        for request in self._queue:
+            if len(items) == max_items:
+                break
+            if request.finished or request.next_item == len(request.inputs):
+                continue
+            if request.parameters_key != key:
+                break
+            take = min(max_items - len(items), len(request.inputs) - request.next_item)
+            items.extend(BatchItem(request, i) for i in range(request.next_item, request.next_item + take))
+            request.next_item += take
+        self.pending_items -= len(items)
+        self._skip_finished_head()
+        return Batch(tuple(items), parameters)
+
+    def complete(self, batch: Batch, outcomes: list[Any]) -> list[Reply]:
+        """Record one outcome per item (an output or an :class:`ItemFailure`); return finished replies."""
+        replies: list[Reply] = []
+        for item, outcome in zip(batch.items, outcomes, strict=True):
+            request = item.request
+            if request.finished:
+                continue
+            if isinstance(outcome, ItemFailure):
+                replies.append(self._finish(request, outcome.status, outcome.message))
+                continue
+            request.outputs[item.index] = outcome
+            request.done_items += 1
+            if request.done_items == len(request.inputs):
+                payload = protocol.encode_payload({"outputs": request.outputs})
+                replies.append(self._finish(request, Status.OK, "", payload))
+        return replies
+
+    def _finish(self, request: PendingRequest, status: Status, message: str, payload: bytes = b"") -> Reply:
+        request.finished = True
+        self.pending_items -= len(request.inputs) - request.next_item
+        request.next_item = len(request.inputs)
+        del self._by_id[request.job_id]
+        return Reply(request.job_id, status, message, payload)
+
+    def _skip_finished_head(self) -> None:
+        while self._queue and (self._queue[0].finished or self._queue[0].next_item == len(self._queue[0].inputs)):
+            self._queue.popleft()
+
+    def __len__(self) -> int:
+        return len(self._by_id)

@@ -1,0 +1,74 @@
+"""When to run the next batch: a pure, clock-injected policy.
+
+Theory of operation
+-------------------
+Items wait in the worker until the model is free.  When it is, the policy
+answers one question: run what is pending now, or wait a little for more?
+
+* A batch is cut at ``max_batch_size`` items, at once.
+* Otherwise the batch's ONE deadline is ``first_arrival + max_delay``,
+  fixed by its oldest item and never pushed back by later arrivals (the
+  Hugging Face guide's loop restarted its timeout on every item, so a steady
+  trickle could postpone a batch forever).
+* Items that arrived while the model was busy already waited: they run the
+  moment the model is free.
+* On an idle model, waiting only pays if more items will come within the
+  window.  The policy estimates the recent arrival rate; if fewer than
+  ``WAIT_THRESHOLD`` more items are expected before the deadline, it runs
+  now, so a lone request on a quiet worker is not delayed.
+  (At 45 requests/s from one closed-loop client, 5 ms holds 0.22 expected
+  arrivals: run now.  At 8 clients, about 1.5: wait and batch.)
+* ``max_delay == 0`` means never wait.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WAIT_THRESHOLD = 0.5
+RATE_HORIZON_S = 1.0
+
+
+@dataclass(slots=True)
+class ArrivalRate:
+    """Items per second over the last ``horizon_s`` seconds."""
+
+    horizon_s: float = RATE_HORIZON_S
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+    _items: int = 0
+
+    def record(self, now: float, items: int) -> None:
+        self._arrivals.append((now, items))
+        self._items += items
+        self._forget_before(now - self.horizon_s)
+
+    def per_second(self, now: float) -> float:
+        self._forget_before(now - self.horizon_s)
+        return self._items / self.horizon_s
+
+    def _forget_before(self, cutoff: float) -> None:
+        while self._arrivals and self._arrivals[0][0] < cutoff:
+            self._items -= self._arrivals.popleft()[1]
+
+
+@dataclass(slots=True)
+class BatchPolicy:
+    max_batch_size: int
+    max_delay_s: float
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
+
+    def arrived(self, now: float, items: int) -> None:
+        self.rate.record(now, items)
+
+    def run_at(self, now: float, pending: int, first_arrival: float, idle_since: float) -> float | None:
+        """When to start the next batch on a free model (``<= now``: at once); None if nothing is pending."""
+        if pending == 0:
+            return None
+        if pending >= self.max_batch_size or self.max_delay_s <= 0 or first_arrival <= idle_since:
+            return now
+        deadline = first_arrival + self.max_delay_s
+        if now >= deadline:
+            return now
+        expected_more = self.rate.per_second(now) * (deadline - now)
+        return deadline if expected_more >= WAIT_THRESHOLD else now

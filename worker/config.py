@@ -1,0 +1,57 @@
+"""The worker's settings: one frozen object, built once at start by :func:`load_config`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.settings import check_endpoint, load, option
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _check_device(value: str) -> str | None:
+    kind, _, index = value.partition(":")
+    if kind in ("auto", "cpu", "cuda") and (not index or (kind == "cuda" and index.isdigit())):
+        return None
+    return "must be auto, cpu, cuda or cuda:N"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """zbatch-worker: loads one model and serves it in deadline-bounded batches for the broker."""
+
+    backend: str = option("tcp://127.0.0.1:5556", "the broker's worker endpoint", check=check_endpoint)
+    model_path: str = option("", "folder of a transformers model (default: the bundled all-MiniLM-L6-v2)")
+    model_name: str = option("", "public model name (default: all-MiniLM-L6-v2, or the folder's name)")
+    task: str = option("embeddings", "'embeddings' or a transformers pipeline task such as fill-mask")
+    device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
+    dtype: str = option("auto", "weights dtype; float16 and bfloat16 need CUDA", choices=DTYPES)
+    max_batch_size: int = option(32, "most items in one batch", minimum=1)
+    max_batch_delay_ms: float = option(5.0, "longest wait after a batch's first item; 0 never waits", minimum=0)
+    capacity: int = option(0, "items accepted in flight (0: two batches' worth)", minimum=0)
+    torch_threads: int = option(0, "torch threads (0: this host's cores divided by --workers)", minimum=0)
+    workers: int = option(1, "worker processes sharing this host's cores", minimum=1)
+    name: str = option("", "worker identity shown by the broker (default: host-pid)")
+    heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
+    heartbeat_liveness: int = option(3, "missed intervals before the broker is considered gone", minimum=1)
+    drain_timeout_ms: int = option(10_000, "on SIGTERM, how long held work may take to finish", minimum=0)
+    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+
+    @property
+    def identity(self) -> str:
+        return self.name or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def effective_capacity(self) -> int:
+        return self.capacity or 2 * self.max_batch_size
+
+    @property
+    def effective_torch_threads(self) -> int:
+        return self.torch_threads or max(1, (os.cpu_count() or 1) // self.workers)
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> WorkerConfig:
+    return load(WorkerConfig, argv, environ, prog="zbatch-worker")
