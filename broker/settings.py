@@ -121,7 +121,7 @@ def _parse_scalar(raw: str, kind: Any) -> Any:
             return float(raw)
         except ValueError:
             raise ValueError("must be a number") from None
-    if kind is tuple[str, ...]:
+    if typing.get_origin(kind) is tuple:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     return raw
 

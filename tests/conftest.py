@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, start_broker, start_gateway, start_worker
+from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wait_for_worker
+from worker.models import DEFAULT_MODEL_NAME
 
 
 @pytest.fixture(scope="session")
@@ -16,11 +17,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon
     log_dir = tmp_path_factory.mktemp("stack")
     daemons: dict[str, Daemon] = {}
     try:
-        daemons["broker"] = start_broker(log_dir)
+        # "reserved-model" is known to the broker but never served: it produces
+        # deadline and no-worker answers on demand.
+        daemons["broker"] = start_broker(log_dir, models=(DEFAULT_MODEL_NAME, "reserved-model"))
         daemons["w1"] = start_worker(daemons["broker"], log_dir, "w1", wait=False)
         daemons["w2"] = start_worker(daemons["broker"], log_dir, "w2")
-        from tests.daemons import wait_for_worker
-
         wait_for_worker(daemons["broker"], daemons["w1"])
         daemons["gateway"] = start_gateway(daemons["broker"], log_dir)
         yield daemons

