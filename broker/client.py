@@ -118,7 +118,10 @@ class AsyncClient:
         timeout_ms: int | None = None,
     ) -> list[Any]:
         """Run ``inputs`` through ``model``; one output per input, arrays as numpy."""
-        payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
+        try:
+            payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
         reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms)
         raise_for_status(reply)
         try:

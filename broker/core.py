@@ -35,6 +35,7 @@ whether idle or busy; the core sends them a HEARTBEAT every interval.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -48,6 +49,7 @@ from broker.config import BrokerConfig
 from broker.protocol import (
     Cancel,
     Disconnect,
+    Drain,
     Heartbeat,
     ProtocolError,
     Ready,
@@ -124,6 +126,12 @@ class BrokerCore:
             self._worker_reply(worker, message, frames)
         elif isinstance(message, Heartbeat):
             worker.batches.update(message.batches)
+        elif isinstance(message, Drain):
+            # Ordered delivery makes the acknowledgement a promise: no REQUEST follows it.
+            worker.draining = True
+            self.outbox.append((Peer.WORKER, identity, protocol.encode_drain()))
+            log.info("worker %s (%s) is draining %d request(s)", identity.hex(), worker.ready.name,
+                     len(worker.in_flight))
         elif isinstance(message, Disconnect):
             self.remove_worker(identity, f"disconnected ({message.reason or 'no reason given'})")
 
@@ -379,6 +387,8 @@ class BrokerCore:
             "batches": totals.batches,
             "batched_items": totals.items,
             "mean_batch_size": round(totals.items / totals.batches, 3) if totals.batches else 0.0,
+            "cancelled_items": totals.cancelled,
+            "expired_items": totals.expired,
         }
 
     @staticmethod
@@ -394,6 +404,7 @@ class BrokerCore:
             "capacity": ready.capacity,
             "free_credit": worker.free_credit,
             "in_flight": len(worker.in_flight),
+            "draining": worker.draining,
             "last_seen_s": round(now - worker.last_seen, 3),
-            "batches": {name: {"batches": c.batches, "items": c.items} for name, c in worker.batches.items()},
+            "batches": {name: dataclasses.asdict(c) for name, c in worker.batches.items()},
         }

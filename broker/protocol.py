@@ -27,6 +27,7 @@ raw little-endian bytes plus dtype and shape, never lists of floats.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -54,6 +55,7 @@ class Command(enum.IntEnum):
     DISCONNECT = 5  # worker <-> broker
     CANCEL = 6  # client -> broker, broker -> worker
     STATS = 7  # client -> broker (answered with REPLY)
+    DRAIN = 8  # worker -> broker: send no more work; broker -> worker: acknowledged
 
 
 class Status(enum.StrEnum):
@@ -118,8 +120,15 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class BatchCounters:
+    """Cumulative counts of one worker for one model: what ran, and what was skipped."""
+
     batches: int = 0
     items: int = 0
+    cancelled: int = 0
+    expired: int = 0
+
+
+COUNTER_KEYS: Final = frozenset(f.name for f in dataclasses.fields(BatchCounters))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +144,11 @@ class Disconnect:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     request_id: bytes
 
@@ -145,8 +159,8 @@ class StatsQuery:
 
 
 ClientMessage = Request | Cancel | StatsQuery
-WorkerMessage = Ready | Reply | Heartbeat | Disconnect
-BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect
+WorkerMessage = Ready | Reply | Heartbeat | Disconnect | Drain
+BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain
 
 
 # --------------------------------------------------------------------------
@@ -190,14 +204,16 @@ def encode_ready(ready: Ready) -> list[bytes]:
 def encode_heartbeat(heartbeat: Heartbeat | None = None) -> list[bytes]:
     if heartbeat is None or not heartbeat.batches:
         return [HEADERS[Command.HEARTBEAT]]
-    batches = {
-        name: {"batches": c.batches, "items": c.items} for name, c in heartbeat.batches.items()
-    }
+    batches = {name: dataclasses.asdict(c) for name, c in heartbeat.batches.items()}
     return [HEADERS[Command.HEARTBEAT], _pack({"batches": batches})]
 
 
 def encode_disconnect(reason: str = "") -> list[bytes]:
     return [HEADERS[Command.DISCONNECT], _pack({"reason": reason})]
+
+
+def encode_drain() -> list[bytes]:
+    return [HEADERS[Command.DRAIN]]
 
 
 def encode_cancel(request_id: bytes) -> list[bytes]:
@@ -256,6 +272,9 @@ def decode_worker_message(frames: list[bytes]) -> WorkerMessage:
         return _decode_heartbeat(frames)
     if command is Command.DISCONNECT:
         return _decode_disconnect(frames)
+    if command is Command.DRAIN:
+        _expect_frames(frames, 1, 1)
+        return Drain()
     raise ProtocolError(f"command {command.name} is not allowed from a worker")
 
 
@@ -271,6 +290,9 @@ def decode_broker_to_worker(frames: list[bytes]) -> BrokerToWorkerMessage:
         return Heartbeat()
     if command is Command.DISCONNECT:
         return _decode_disconnect(frames)
+    if command is Command.DRAIN:
+        _expect_frames(frames, 1, 1)
+        return Drain()
     raise ProtocolError(f"command {command.name} is not allowed from the broker to a worker")
 
 
@@ -364,8 +386,8 @@ def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
     for name, counters in _field(meta, "batches", dict).items():
         if not isinstance(name, str) or not isinstance(counters, dict):
             raise ProtocolError("heartbeat batches must map model names to counter maps")
-        _only_keys(counters, {"batches", "items"})
-        batches[name] = BatchCounters(_field(counters, "batches", int), _field(counters, "items", int))
+        _only_keys(counters, COUNTER_KEYS)
+        batches[name] = BatchCounters(**{key: _field(counters, key, int) for key in counters})
     return Heartbeat(batches)
 
 

@@ -7,7 +7,7 @@ use them live in :mod:`broker.core`.
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from broker.protocol import BatchCounters, Ready, Status
 
@@ -44,6 +44,7 @@ class WorkerState:
     in_flight: dict[bytes, Job] = field(default_factory=dict)
     in_flight_items: int = 0
     batches: dict[str, BatchCounters] = field(default_factory=dict)
+    draining: bool = False
 
     @property
     def models(self) -> list[str]:
@@ -55,7 +56,7 @@ class WorkerState:
 
     def can_take(self, items: int) -> bool:
         """Room for ``items``; a request larger than the whole capacity goes to an idle worker."""
-        return items <= self.free_credit or self.in_flight_items == 0
+        return not self.draining and (items <= self.free_credit or self.in_flight_items == 0)
 
     def take(self, job: Job, now: float) -> None:
         self.in_flight[job.job_id] = job
@@ -109,20 +110,18 @@ class ModelState:
             self.backlog_items -= job.items
 
     def batch_totals(self) -> BatchCounters:
-        batches, items = self.retired_batches.batches, self.retired_batches.items
+        totals = self.retired_batches
         for worker in self.workers.values():
-            counters = worker.batches.get(self.name)
-            if counters is not None:
-                batches += counters.batches
-                items += counters.items
-        return BatchCounters(batches, items)
+            totals = add_counters(totals, worker.batches.get(self.name))
+        return totals
 
     def retire(self, worker: WorkerState) -> None:
         """Keep a departing worker's batch counts in the model's totals."""
         self.workers.pop(worker.identity, None)
-        counters = worker.batches.get(self.name)
-        if counters is not None:
-            self.retired_batches = BatchCounters(
-                self.retired_batches.batches + counters.batches,
-                self.retired_batches.items + counters.items,
-            )
+        self.retired_batches = add_counters(self.retired_batches, worker.batches.get(self.name))
+
+
+def add_counters(total: BatchCounters, more: BatchCounters | None) -> BatchCounters:
+    if more is None:
+        return total
+    return BatchCounters(*(a + b for a, b in zip(astuple(total), astuple(more), strict=True)))

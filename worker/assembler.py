@@ -65,6 +65,7 @@ class Assembler:
         self._queue: deque[PendingRequest] = deque()
         self._by_id: dict[bytes, PendingRequest] = {}
         self.pending_items = 0
+        self.skipped_items = {Status.CANCELLED: 0, Status.DEADLINE_EXCEEDED: 0}
 
     def add(self, request: PendingRequest) -> None:
         request.outputs = [None] * len(request.inputs)
@@ -128,8 +129,12 @@ class Assembler:
         return replies
 
     def _finish(self, request: PendingRequest, status: Status, message: str, payload: bytes = b"") -> Reply:
+        """Answer a request once; items it never ran are counted as skipped (cancelled or expired)."""
         request.finished = True
-        self.pending_items -= len(request.inputs) - request.next_item
+        never_run = len(request.inputs) - request.next_item
+        self.pending_items -= never_run
+        if status in self.skipped_items:
+            self.skipped_items[status] += never_run
         request.next_item = len(request.inputs)
         del self._by_id[request.job_id]
         return Reply(request.job_id, status, message, payload)

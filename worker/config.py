@@ -38,6 +38,7 @@ class WorkerConfig:
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
     heartbeat_liveness: int = option(3, "missed intervals before the broker is considered gone", minimum=1)
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long held work may take to finish", minimum=0)
+    batch_timeout_ms: int = option(60_000, "a batch running longer means the model is stuck: exit", minimum=100)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 EMBEDDINGS_TASK = "embeddings"
+CUSTOM_TASK_PREFIX = "python:"
 # Pipeline tasks whose inputs are plain strings, so they fit the list[str] request contract.
 PIPELINE_TASKS = (
     "feature-extraction",
@@ -327,6 +329,23 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__} from pipeline output")
 
 
+def _runner_class(task: str) -> Any:
+    """Built-in runners, or ``python:package.module:Class`` for a runner of your own.
+
+    A custom class is built as ``Class(spec, device, dtype)`` and needs ``run``
+    and ``warm_up`` like the built-in ones (the tests use this to inject faults).
+    """
+    if task == EMBEDDINGS_TASK:
+        return EmbeddingRunner
+    if not task.startswith(CUSTOM_TASK_PREFIX):
+        return PipelineRunner
+    module_name, _, class_name = task.removeprefix(CUSTOM_TASK_PREFIX).partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(f"task {task!r}: cannot import {class_name!r} from {module_name!r}") from None
+
+
 def load_runner(spec: ModelSpec) -> Runner:
     """Load the model once on the calling thread, place it on its device and warm it up."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -335,7 +354,6 @@ def load_runner(spec: ModelSpec) -> Runner:
     dtype = _torch_dtype(spec.dtype, device)
     if not Path(spec.path).is_dir():
         raise ValueError(f"model folder {spec.path!r} for {spec.name!r} does not exist")
-    runner_class = EmbeddingRunner if spec.task == EMBEDDINGS_TASK else PipelineRunner
-    runner = runner_class(spec, device, dtype)
+    runner = _runner_class(spec.task)(spec, device, dtype)
     runner.warm_up()
     return runner

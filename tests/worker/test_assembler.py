@@ -80,3 +80,12 @@ def test_cancel_skips_items_not_yet_started() -> None:
     batch = a.take_batch(8)
     assert batch is not None and batch.inputs == ["b-0"]
     assert a.first_arrival() == float("inf")
+
+
+def test_skipped_items_are_counted_by_reason() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 2))
+    a.add(pending(b"b", 3, deadline=1.0))
+    a.cancel(b"a")
+    a.expire(now=2.0)
+    assert a.skipped_items == {Status.CANCELLED: 2, Status.DEADLINE_EXCEEDED: 3}

@@ -1,0 +1,28 @@
+"""``zbatch-gateway`` / ``python -m gateway``: load the config, set up logging, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from gateway.config import load_config
+from gateway.server import serve
+
+LOG_FORMAT = "%(asctime)s %(levelname)s zbatch-gateway[%(process)d] %(name)s: %(message)s"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_config(argv)
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:  # typically the port is taken; one line beats a traceback
+        logging.getLogger("zbatch.gateway").error(
+            "cannot serve on %s:%s: %s", config.host, config.port, exc
+        )
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Turning worker outputs and broker stats into JSON, without any process."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from broker import protocol
+from broker.config import BrokerConfig
+from broker.core import BrokerCore
+from gateway.views import jsonable, models_listing, worker_count
+
+
+def real_stats() -> dict[str, object]:
+    """Statistics from a real broker core with one worker for "echo" and none for "idle"."""
+    core = BrokerCore(BrokerConfig(models=("echo", "idle")), clock=lambda: 0.0)
+    ready = protocol.Ready((protocol.ModelInfo("echo", "embeddings", 8),), 8, name="w1")
+    core.worker_message(b"W1", protocol.encode_ready(ready))
+    return core.stats()
+
+
+STATS = real_stats()
+
+
+def test_jsonable_turns_numpy_and_bytes_into_plain_json() -> None:
+    value = {
+        "vector": np.arange(3, dtype=np.float32),
+        "nested": [
+            {"scores": np.array([[1, 2]], dtype=np.int64)},
+            (np.float32(0.5), np.bool_(True)),
+        ],
+        b"\x00\xff": b"\x01",
+        7: "key made text",
+    }
+    converted = jsonable(value)
+    assert converted == {
+        "vector": [0.0, 1.0, 2.0],
+        "nested": [{"scores": [[1, 2]]}, [0.5, True]],
+        "00ff": "01",
+        "7": "key made text",
+    }
+    assert json.loads(json.dumps(converted)) == converted
+
+
+def test_float32_vectors_become_python_floats() -> None:
+    vector = np.random.default_rng(0).standard_normal(384).astype(np.float32)
+    converted = jsonable(vector)
+    assert len(converted) == 384 and all(type(x) is float for x in converted)
+    assert np.array_equal(np.asarray(converted, dtype=np.float32), vector)
+
+
+def test_worker_count_reads_the_models_figures() -> None:
+    assert [worker_count(STATS, m) for m in ("echo", "idle", "unknown")] == [1, 0, 0]
+    assert worker_count({}, "echo") == 0
+
+
+def test_models_listing_groups_workers_by_model() -> None:
+    listing = models_listing(STATS)["models"]
+    assert [m["name"] for m in listing] == ["echo", "idle"]
+    assert [w["name"] for w in listing[0]["workers"]] == ["w1"]
+    assert listing[1] == {"name": "idle", "workers": [], "stats": STATS["models"]["idle"]}
