@@ -102,6 +102,8 @@ class AsyncClient:
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
         self._receiver: asyncio.Task[None] | None = None
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -152,13 +154,16 @@ class AsyncClient:
         return stats
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.gather(self._receiver, return_exceptions=True)
-            self._receiver = None
+        tasks = [task for task in (self._receiver, self._watcher) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._receiver = self._watcher = None
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)
 
     def _new_id(self) -> bytes:
@@ -206,8 +211,22 @@ class AsyncClient:
         sent.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def _ensure_receiver(self) -> None:
+        loop = asyncio.get_running_loop()
         if self._receiver is None or self._receiver.done():
-            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+            self._receiver = loop.create_task(self._receive_loop())
+        if self._watcher is None or self._watcher.done():
+            self._watcher = loop.create_task(self._watch_connection())
+
+    async def _watch_connection(self) -> None:
+        """When the connection drops, fail what is pending now: the broker lost it anyway."""
+        while True:
+            await self._monitor.recv_multipart()  # only EVENT_DISCONNECTED is subscribed
+            lost = BrokerUnavailable(
+                f"lost the connection to the broker at {self.endpoint}; the request may not have run"
+            )
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(lost)
 
     async def _receive_loop(self) -> None:
         while True:

@@ -22,6 +22,11 @@ A client request goes through these states::
         +--worker dies--> WAITING again at the head of the backlog, while
                           its retry budget lasts; then "worker error"
 
+A job whose worker died may be what killed it (a poison input).  It is
+dispatched again only to an idle worker, which gets nothing else until it
+answers: so a poison input takes no innocent neighbours down with it twice,
+and its second death charges only itself.
+
 Shedding is decided first, at admission, by counting items: nothing is
 queued past ``max_backlog``.  Credit is counted in items: a worker announces
 its capacity in READY, each dispatched request takes its items, each REPLY
@@ -40,6 +45,7 @@ import enum
 import heapq
 import itertools
 import logging
+import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +93,9 @@ class BrokerCore:
         self._timers: list[tuple[float, int, Job]] = []
         self._timer_order = itertools.count()
         self._job_ids = itertools.count()
+        # Job ids carry a random epoch so a restarted broker never reuses ids a worker still holds.
+        self._epoch = os.urandom(4)
+        self._told_to_register: dict[bytes, float] = {}
         self._next_heartbeat = self.started_at
         self._last_log: dict[str, float] = {}
 
@@ -118,8 +127,7 @@ class BrokerCore:
         worker = self.workers.get(identity)
         if worker is None:
             if not isinstance(message, Disconnect):
-                # A worker we forgot (expired, or the broker restarted): make it register again.
-                self.outbox.append((Peer.WORKER, identity, protocol.encode_disconnect("not registered")))
+                self._ask_to_register(identity)
             return
         worker.last_seen = self.clock()
         if isinstance(message, Reply):
@@ -133,7 +141,22 @@ class BrokerCore:
             log.info("worker %s (%s) is draining %d request(s)", identity.hex(), worker.ready.name,
                      len(worker.in_flight))
         elif isinstance(message, Disconnect):
-            self.remove_worker(identity, f"disconnected ({message.reason or 'no reason given'})")
+            self.remove_worker(identity, f"disconnected ({message.reason or 'no reason given'})",
+                               died=not worker.draining)
+
+    def _ask_to_register(self, identity: bytes) -> None:
+        """A worker we forgot (expired, or the broker restarted) must send READY again.
+
+        Asked once per heartbeat interval: a reconnecting worker flushes a queue of
+        old messages, and one READY is all it needs to send back.
+        """
+        now = self.clock()
+        if now - self._told_to_register.get(identity, float("-inf")) < self.config.heartbeat_ms / 1000:
+            return
+        if len(self._told_to_register) > 10_000:
+            self._told_to_register.clear()  # bound the memory a flood of fake identities can take
+        self._told_to_register[identity] = now
+        self.outbox.append((Peer.WORKER, identity, protocol.encode_disconnect("not registered")))
 
     def tick(self) -> None:
         """Fire whatever is due: deadlines, worker expiry, heartbeats."""
@@ -191,7 +214,7 @@ class BrokerCore:
             return
         model = self.models.setdefault(request.model, ModelState(request.model))
         timeout_ms = min(request.timeout_ms or self.config.timeout_ms, self.config.max_timeout_ms)
-        job_id = struct.pack(">Q", next(self._job_ids))
+        job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
         job = Job(job_id, client, request.request_id, request.model, request.items,
                   request.payload, now, now + timeout_ms / 1000)
         self.jobs[job_id] = job
@@ -224,7 +247,7 @@ class BrokerCore:
     def _dispatch(self, model: ModelState) -> None:
         now = self.clock()
         while (job := model.first_waiting()) is not None:
-            worker = self._pick_worker(model, job.items)
+            worker = self._pick_worker(model, job)
             if worker is None:
                 return
             model.dequeue_head()
@@ -234,10 +257,10 @@ class BrokerCore:
             self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
 
     @staticmethod
-    def _pick_worker(model: ModelState, items: int) -> WorkerState | None:
+    def _pick_worker(model: ModelState, job: Job) -> WorkerState | None:
         best: WorkerState | None = None
         for worker in model.workers.values():
-            if not worker.can_take(items):
+            if not worker.can_take(job):
                 continue
             if best is None or (worker.free_credit, -worker.last_dispatch) > (
                 best.free_credit, -best.last_dispatch
@@ -248,8 +271,12 @@ class BrokerCore:
     # --------------------------------------------------------------- workers
 
     def _register(self, identity: bytes, ready: Ready) -> None:
-        if identity in self.workers:
-            self.remove_worker(identity, "registered again (restarted)")
+        old = self.workers.get(identity)
+        if old is not None:
+            same_process = (old.ready.host, old.ready.pid) == (ready.host, ready.pid)
+            why = "reconnected" if same_process else "restarted"
+            self.remove_worker(identity, f"registered again ({why})", died=not same_process)
+        self._told_to_register.pop(identity, None)
         worker = WorkerState(identity, ready, last_seen=self.clock())
         self.workers[identity] = worker
         log.info("worker %s registered: %s pid %s on %s, models %s, capacity %d", identity.hex(),
@@ -261,8 +288,13 @@ class BrokerCore:
         for name in worker.models:
             self._dispatch(self.models[name])
 
-    def remove_worker(self, identity: bytes, why: str) -> None:
-        """Forget a worker; its unanswered jobs go back to the head of their backlogs."""
+    def remove_worker(self, identity: bytes, why: str, *, died: bool = True) -> None:
+        """Forget a worker; its unanswered jobs go back to the head of their backlogs.
+
+        ``died`` charges each job's retry budget: a worker that crashed or went
+        silent may have been killed by one of them; a reconnection or a clean
+        DISCONNECT did not.
+        """
         worker = self.workers.pop(identity, None)
         if worker is None:
             return
@@ -273,7 +305,7 @@ class BrokerCore:
         now = self.clock()
         for job in reversed(list(worker.in_flight.values())):
             worker.release(job.job_id)
-            self._requeue(job, now)
+            self._requeue(job, died)
         for name in worker.models:
             model = self.models[name]
             if not model.workers:
@@ -281,11 +313,11 @@ class BrokerCore:
                     self._arm(job, now + self.config.no_worker_grace_ms / 1000)
             self._dispatch(model)
 
-    def _requeue(self, job: Job, now: float) -> None:
+    def _requeue(self, job: Job, died: bool) -> None:
         if job.answered:
             self.jobs.pop(job.job_id, None)
             return
-        job.attempts += 1
+        job.attempts += died
         if job.attempts > self.config.max_retries:
             self._answer(job, Status.WORKER_ERROR,
                          f"the worker running this request died {job.attempts} time(s); not retried again")

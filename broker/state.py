@@ -54,9 +54,19 @@ class WorkerState:
     def free_credit(self) -> int:
         return self.ready.capacity - self.in_flight_items
 
-    def can_take(self, items: int) -> bool:
-        """Room for ``items``; a request larger than the whole capacity goes to an idle worker."""
-        return not self.draining and (items <= self.free_credit or self.in_flight_items == 0)
+    @property
+    def isolating(self) -> bool:
+        """Running a job whose previous worker died: it gets the worker to itself."""
+        return any(job.attempts for job in self.in_flight.values())
+
+    def can_take(self, job: Job) -> bool:
+        """Room for the job's items; a job larger than the whole capacity, or one that may
+        have killed a worker, goes only to an idle worker, and nothing joins it there."""
+        if self.draining or self.isolating:
+            return False
+        if job.attempts or job.items > self.ready.capacity:
+            return self.in_flight_items == 0
+        return job.items <= self.free_credit
 
     def take(self, job: Job, now: float) -> None:
         self.in_flight[job.job_id] = job

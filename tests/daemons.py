@@ -7,6 +7,7 @@ failed wait shows the daemon's log, so a broken start is easy to read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,10 +118,11 @@ def broker_stats(frontend: str, timeout_ms: int = 1000) -> dict[str, Any] | None
         return None
 
 
-def start_broker(log_dir: Path, **settings: Any) -> Daemon:
-    frontend = f"tcp://127.0.0.1:{free_port()}"
-    backend = f"tcp://127.0.0.1:{free_port()}"
-    daemon = _spawn("broker", "broker", {"frontend": frontend, "backend": backend} | settings, log_dir)
+def start_broker(log_dir: Path, name: str = "broker", **settings: Any) -> Daemon:
+    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart)."""
+    frontend = settings.pop("frontend", f"tcp://127.0.0.1:{free_port()}")
+    backend = settings.pop("backend", f"tcp://127.0.0.1:{free_port()}")
+    daemon = _spawn("broker", name, {"frontend": frontend, "backend": backend} | settings, log_dir)
     daemon.endpoints = {"frontend": frontend, "backend": backend}
     wait_until(lambda: not daemon.alive() or broker_stats(frontend) is not None, START_TIMEOUT_S,
                "the broker to answer", daemon.log)
@@ -178,3 +180,24 @@ def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None,
             return response.status, dict(response.headers), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), json.loads(error.read())
+
+
+@contextlib.contextmanager
+def running_stack(log_dir: Path, workers: int = 2, *, broker: dict[str, Any] | None = None,
+                  worker: dict[str, Any] | None = None, gateway: bool = True) -> Iterator[dict[str, Daemon]]:
+    """Broker, ``workers`` workers named w1, w2, ... and a gateway; all stopped on exit, in reverse."""
+    daemons: dict[str, Daemon] = {}
+    try:
+        daemons["broker"] = start_broker(log_dir, **(broker or {}))
+        names = [f"w{i + 1}" for i in range(workers)]
+        for name in names:
+            daemons[name] = start_worker(daemons["broker"], log_dir, name, wait=False, **(worker or {}))
+        for name in names:
+            wait_for_worker(daemons["broker"], daemons[name])
+        if gateway:
+            daemons["gateway"] = start_gateway(daemons["broker"], log_dir)
+        yield daemons
+    finally:
+        for daemon in reversed(list(daemons.values())):
+            if daemon.alive():
+                daemon.stop()

@@ -67,6 +67,9 @@ class Assembler:
         self.pending_items = 0
         self.skipped_items = {Status.CANCELLED: 0, Status.DEADLINE_EXCEEDED: 0}
 
+    def holds(self, job_id: bytes) -> bool:
+        return job_id in self._by_id
+
     def add(self, request: PendingRequest) -> None:
         request.outputs = [None] * len(request.inputs)
         self._queue.append(request)

@@ -140,6 +140,8 @@ class WorkerServer:
     def _accept(self, request: Request) -> None:
         now = time.monotonic()
         try:
+            if self.assembler.holds(request.request_id):
+                raise ValueError("this worker already holds a job with that id")
             inputs, parameters = parse_payload(request)
         except ValueError as exc:
             self._send_replies([Reply(request.request_id, Status.BAD_REQUEST, str(exc))])

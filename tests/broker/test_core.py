@@ -337,3 +337,67 @@ def test_config_is_frozen() -> None:
     config = BrokerConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_backlog = 1  # type: ignore[misc]
+
+
+def test_job_ids_differ_between_broker_instances(clock: FakeClock) -> None:
+    ids = []
+    for _ in range(2):
+        core = make_core(clock)
+        ready(core, b"W1")
+        send(core, b"r")
+        [(_, job)] = dispatched(take(core))
+        ids.append(job.request_id)
+    assert ids[0] != ids[1]
+
+
+def test_a_reconnecting_worker_flushing_old_messages_is_asked_to_register_once(clock: FakeClock) -> None:
+    core = make_core(clock, heartbeat_ms=100)
+    for _ in range(5):
+        core.worker_message(b"W1", protocol.encode_heartbeat())
+    assert len(take(core)) == 1
+    clock.advance(0.1)
+    core.worker_message(b"W1", protocol.encode_heartbeat())
+    assert len(take(core)) == 1
+
+
+def test_reconnection_of_the_same_process_requeues_without_charging_retries(clock: FakeClock) -> None:
+    core = make_core(clock, max_retries=0)
+    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
+    send(core, b"r")
+    take(core)
+    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
+    out = take(core)
+    assert client_replies(out) == [] and len(dispatched(out)) == 1  # sent again, budget untouched
+    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 8)))
+    [reply] = client_replies(take(core))
+    assert reply.status is Status.WORKER_ERROR  # a new pid: the old process died with the job
+
+
+def test_draining_worker_gets_no_new_work_and_its_clean_exit_charges_nothing(clock: FakeClock) -> None:
+    core = make_core(clock, max_retries=0, no_worker_grace_ms=10_000)
+    ready(core, b"W1")
+    send(core, b"held")
+    take(core)
+    core.worker_message(b"W1", protocol.encode_drain())
+    [(peer, identity, frames)] = take(core)
+    assert isinstance(protocol.decode_broker_to_worker(frames), protocol.Drain)
+    send(core, b"new")
+    assert dispatched(take(core)) == []
+    core.worker_message(b"W1", protocol.encode_disconnect("stopping"))
+    ready(core, b"W2")
+    assert len(dispatched(take(core))) == 2  # both go to the new worker; nothing failed
+
+
+def test_a_job_whose_worker_died_runs_alone_on_an_idle_worker(clock: FakeClock) -> None:
+    core = make_core(clock, no_worker_grace_ms=10_000)
+    ready(core, b"W1", capacity=4)
+    send(core, b"suspect")
+    take(core)
+    core.worker_message(b"W1", protocol.encode_disconnect("crashed"))
+    ready(core, b"W2", capacity=4)
+    [(_, suspect)] = dispatched(take(core))
+    send(core, b"innocent")
+    assert dispatched(take(core)) == []  # nothing joins the suspect on W2
+    worker_reply(core, b"W2", suspect.request_id)
+    out = take(core)
+    assert [r.request_id for r in client_replies(out)] == [b"suspect"] and len(dispatched(out)) == 1

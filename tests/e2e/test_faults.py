@@ -1,0 +1,235 @@
+"""Nothing lost: real processes, real faults (kill -9, SIGSTOP, restarts), under steady load.
+
+Each test prints its figures (requests sent, answered, succeeded, detection
+and recovery times); run with ``-s`` to see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from broker.client import AsyncClient, Overloaded
+from tests.daemons import (
+    Daemon,
+    broker_stats,
+    running_stack,
+    start_broker,
+    start_worker,
+    wait_for_worker,
+    wait_until,
+)
+from tests.faults import CRASH_MARKER, HANG_MARKER
+from tests.load import Load
+from worker.models import DEFAULT_MODEL_NAME
+
+MODEL = DEFAULT_MODEL_NAME
+HEARTBEAT = {"heartbeat_ms": 250, "heartbeat_liveness": 3}
+
+
+def report(name: str, **figures: Any) -> None:
+    print(f"\nFIGURES {name}: {json.dumps(figures, default=str)}")
+
+
+def model_url(stack: dict[str, Daemon]) -> str:
+    return f"{stack['gateway'].url}/models/{MODEL}"
+
+
+def live_workers(stack: dict[str, Daemon]) -> int:
+    stats = broker_stats(stack["broker"].frontend) or {"models": {}}
+    return int(stats["models"].get(MODEL, {}).get("workers", 0))
+
+
+def in_flight_count(stack: dict[str, Daemon]) -> int:
+    stats = broker_stats(stack["broker"].frontend) or {"workers": []}
+    return sum(w["in_flight"] for w in stats["workers"])
+
+
+def answered_by_broker(stack: dict[str, Daemon]) -> int:
+    stats = broker_stats(stack["broker"].frontend) or {"models": {}}
+    return sum(stats["models"][MODEL]["requests"].values())
+
+
+def test_kill_9_of_a_worker_mid_batch_loses_nothing(log_dir: Path) -> None:
+    with running_stack(log_dir, broker=HEARTBEAT, worker=HEARTBEAT) as stack, Load(model_url(stack), 16) as load:
+        wait_until(lambda: load.successes() >= 50, 60, "load to flow")
+        killed_at = time.monotonic()
+        stack["w1"].process.kill()
+        wait_until(lambda: live_workers(stack) == 1, 10, "the broker to notice the dead worker")
+        detected_s = time.monotonic() - killed_at
+        before = load.successes()
+        wait_until(lambda: load.successes() >= before + 100, 60, "the other worker to carry the load")
+        load.stop()
+        summary = load.summary()
+    report("kill -9", detected_s=round(detected_s, 2), **summary)
+    assert summary["answered"] == summary["sent"]
+    assert summary["ok"] >= 0.99 * summary["sent"]
+
+
+def test_a_hung_worker_is_detected_and_not_double_answered(log_dir: Path) -> None:
+    with running_stack(log_dir, broker=HEARTBEAT, worker=HEARTBEAT) as stack, Load(model_url(stack), 16) as load:
+        wait_until(lambda: load.successes() >= 50, 60, "load to flow")
+        stopped_at = time.monotonic()
+        stack["w1"].signal(signal.SIGSTOP)
+        wait_until(lambda: live_workers(stack) == 1, 10, "the broker to expire the hung worker")
+        detected_s = time.monotonic() - stopped_at
+        before = load.successes()
+        wait_until(lambda: load.successes() >= before + 100, 60, "the other worker to carry the load")
+        stack["w1"].signal(signal.SIGCONT)
+        wait_until(lambda: live_workers(stack) == 2, 20, "the resumed worker to register again")
+        load.stop()
+        summary = load.summary()
+        broker_answers = answered_by_broker(stack)
+    report("SIGSTOP", detected_s=round(detected_s, 2), broker_answers=broker_answers, **summary)
+    assert detected_s < 0.25 * 3 + 2.0  # interval x liveness, plus a margin for a loaded machine
+    assert summary["answered"] == summary["sent"] and summary["ok"] >= 0.99 * summary["sent"]
+    assert broker_answers == summary["sent"]  # one answer per request, none twice
+
+
+def test_broker_restart_gives_fast_errors_then_service_resumes(log_dir: Path) -> None:
+    with running_stack(log_dir, broker=HEARTBEAT, worker=HEARTBEAT) as stack, Load(model_url(stack), 8) as load:
+        wait_until(lambda: load.successes() >= 30, 60, "load to flow")
+        broker = stack["broker"]
+        broker.process.kill()
+        broker.process.wait()
+        wait_until(lambda: any(a.code == "broker_unavailable" for a in list(load.answers)), 10,
+                   "requests to fail fast while the broker is down")
+        restarted_at = time.monotonic()
+        stack["broker"] = start_broker(log_dir, "broker-restarted", frontend=broker.frontend,
+                                       backend=broker.backend, **HEARTBEAT)
+        wait_until(lambda: live_workers(stack) == 2, 30, "workers to register with the new broker")
+        registered_s = time.monotonic() - restarted_at
+        count = len(load.answers)
+        wait_until(lambda: any(a.status == 200 for a in list(load.answers)[count:]), 30, "service to resume")
+        resumed_s = time.monotonic() - restarted_at
+        load.stop()
+        summary = load.summary()
+    outage = [a for a in load.answers if a.code == "broker_unavailable"]
+    report("broker restart", workers_back_s=round(registered_s, 2), service_back_s=round(resumed_s, 2),
+           slowest_outage_error_s=round(max(a.latency_s for a in outage), 3), **summary)
+    assert summary["answered"] == summary["sent"]
+    assert set(summary["by_code"]) <= {"ok", "broker_unavailable"}
+    assert max(a.latency_s for a in outage) < 5.0  # fast errors, far from the 30 s request timeout
+
+
+def test_rolling_sigterm_restart_of_both_workers_fails_nothing(log_dir: Path) -> None:
+    with running_stack(log_dir, broker=HEARTBEAT, worker=HEARTBEAT) as stack, Load(model_url(stack), 16) as load:
+        wait_until(lambda: load.successes() >= 30, 60, "load to flow")
+        exit_codes = []
+        for name in ("w1", "w2"):
+            exit_codes.append(stack[name].stop(timeout_s=30))
+            stack[name] = start_worker(stack["broker"], log_dir, name, **HEARTBEAT)
+            before = load.successes()
+            wait_until(lambda: load.successes() >= before + 30, 60, f"traffic after restarting {name}")
+        load.stop()
+        summary = load.summary()
+    report("rolling restart", exit_codes=exit_codes, **summary)
+    assert exit_codes == [0, 0]
+    assert summary["answered"] == summary["sent"] == summary["ok"]
+
+
+def test_an_input_that_crashes_the_worker_fails_alone(log_dir: Path) -> None:
+    faulty = {"task": "python:tests.faults:FaultInjectingEmbeddings", "model_name": MODEL} | HEARTBEAT
+    broker_settings = {"no_worker_grace_ms": 60_000} | HEARTBEAT
+    with running_stack(log_dir, broker=broker_settings, worker=faulty) as stack, Load(model_url(stack), 8) as load:
+        wait_until(lambda: load.successes() >= 20, 60, "load to flow")
+        poison = asyncio.run(_post(model_url(stack), {"inputs": ["fine", CRASH_MARKER]}))
+        for name in ("w1", "w2"):  # what systemd would do: restart the crashed workers
+            if not stack[name].alive():
+                stack[name] = start_worker(stack["broker"], log_dir, name, wait=False, **faulty)
+        for name in ("w1", "w2"):
+            wait_for_worker(stack["broker"], stack[name])
+        before = load.successes()
+        wait_until(lambda: load.successes() >= before + 20, 60, "service after the crashes")
+        load.stop()
+        summary = load.summary()
+    report("crashing input", poison=poison, **summary)
+    assert poison[0] == 500 and poison[1]["error"]["code"] == "worker_error"
+    assert "died 2 time(s)" in poison[1]["error"]["message"]
+    assert summary["answered"] == summary["sent"] == summary["ok"]
+
+
+async def _post(url: str, body: dict[str, Any], timeout_s: float = 60) -> tuple[int, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with session.post(url, json=body) as response:
+            return response.status, await response.json()
+
+
+def test_a_hung_model_trips_the_watchdog_and_its_work_moves(log_dir: Path) -> None:
+    faulty = {"task": "python:tests.faults:FaultInjectingEmbeddings", "model_name": MODEL,
+              "batch_timeout_ms": 1000} | HEARTBEAT
+    with running_stack(log_dir, workers=1, broker=HEARTBEAT, worker=faulty) as stack:
+        stuck = asyncio.run(_post(model_url(stack), {"inputs": [HANG_MARKER]}, timeout_s=60))
+        exit_code = stack["w1"].process.wait(30)
+    report("watchdog", answer=stuck, exit_code=exit_code)
+    assert exit_code == 70
+    assert stuck[0] in (500, 503) and stuck[1]["error"]["code"] in ("worker_error", "no_worker")
+
+
+def test_a_caller_who_hangs_up_never_reaches_the_model(log_dir: Path) -> None:
+    with running_stack(log_dir, workers=1) as stack:
+        url = model_url(stack)
+
+        async def scenario() -> None:
+            busy = asyncio.create_task(_post(url, {"inputs": ["a long text to keep the model busy " * 30] * 32}))
+            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10, "the big batch to be dispatched")
+            with pytest.raises(asyncio.TimeoutError):
+                await _post(url, {"inputs": ["nobody waits for this"]}, timeout_s=0.3)
+            status, _ = await busy
+            assert status == 200
+
+        asyncio.run(scenario())
+
+        def counters() -> dict[str, int] | None:
+            stats = broker_stats(stack["broker"].frontend) or {"models": {}}
+            model = stats["models"].get(MODEL, {})
+            return model if model.get("cancelled_items", 0) >= 1 and model.get("batched_items", 0) >= 32 else None
+
+        model = wait_until(counters, 10, "the worker to report the cancelled item")
+    report("client disconnect", batched_items=model["batched_items"], cancelled_items=model["cancelled_items"])
+    assert model["batched_items"] == 32 and model["cancelled_items"] == 1
+
+
+def test_broker_sigterm_refuses_new_work_finishes_in_flight_and_exits_0(log_dir: Path) -> None:
+    with running_stack(log_dir, workers=1, gateway=False) as stack:
+        async def scenario() -> tuple[list[Any], Any]:
+            async with AsyncClient(stack["broker"].frontend) as client:
+                calls = [client.infer(MODEL, [f"text {i} " * 120] * 32) for i in range(3)]  # seconds of CPU work
+                in_flight = [asyncio.create_task(call) for call in calls]
+                await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 2, 10, "work in flight")
+                stack["broker"].signal(signal.SIGTERM)
+                await asyncio.wait_for(_until_draining(client), 10)
+                refused = await asyncio.gather(client.infer(MODEL, ["after the stop"]), return_exceptions=True)
+                return await asyncio.gather(*in_flight, return_exceptions=True), refused[0]
+
+        finished, refused = asyncio.run(scenario())
+        exit_code = stack["broker"].process.wait(30)
+    assert all(isinstance(r, list) and len(r) == 32 for r in finished), finished
+    assert isinstance(refused, Overloaded) and "shutting down" in refused.message
+    assert exit_code == 0
+
+
+async def _until_draining(client: AsyncClient) -> None:
+    while not (await client.stats())["draining"]:
+        await asyncio.sleep(0.01)
+
+
+def test_gateway_sigterm_finishes_requests_in_flight(log_dir: Path) -> None:
+    with running_stack(log_dir, workers=1) as stack:
+        async def scenario() -> tuple[int, Any]:
+            request = asyncio.create_task(_post(model_url(stack), {"inputs": ["long text " * 100] * 32}))
+            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10, "the request to reach the worker")
+            stack["gateway"].signal(signal.SIGTERM)
+            return await request
+
+        status, body = asyncio.run(scenario())
+        exit_code = stack["gateway"].process.wait(30)
+    assert status == 200 and len(body) == 32
+    assert exit_code == 0

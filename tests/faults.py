@@ -1,0 +1,27 @@
+"""FAKE FAULTS for tests: runners that break the worker process in ways a real model cannot be made to.
+
+A real model that kills its process on one input cannot be produced on
+demand, so this wraps the real embeddings runner and exits the process
+(no cleanup, like a segfault) when it sees a marker input.  The workers load
+it through the ``python:module:Class`` task form.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from worker.models import EmbeddingRunner
+
+CRASH_MARKER = "FAULT: crash the worker"
+HANG_MARKER = "FAULT: hang the worker"
+
+
+class FaultInjectingEmbeddings(EmbeddingRunner):
+    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
+        if CRASH_MARKER in inputs:
+            os._exit(139)
+        if HANG_MARKER in inputs:
+            time.sleep(3600)
+        return super().run(inputs, parameters)

@@ -1,0 +1,76 @@
+"""Steady closed-loop HTTP load in a background thread, recording every answer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class Answer:
+    sent_at: float
+    latency_s: float
+    status: int
+    code: str
+
+
+@dataclass
+class Load:
+    """``concurrency`` clients posting texts to ``url`` until stopped; every request is accounted for."""
+
+    url: str
+    concurrency: int = 8
+    timeout_s: float = 60.0
+    answers: list[Answer] = field(default_factory=list)
+    sent: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Load:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + 10)
+            assert not self._thread.is_alive(), "load generator did not finish: a request hung"
+
+    def successes(self) -> int:
+        return sum(1 for a in list(self.answers) if a.status == 200)
+
+    def summary(self) -> dict[str, object]:
+        answers = list(self.answers)
+        return {"sent": self.sent, "answered": len(answers), "ok": self.successes(),
+                "by_code": dict(Counter(a.code for a in answers))}
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
+
+    async def _client(self, session: aiohttp.ClientSession, number: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            self.sent += 1
+            started = time.monotonic()
+            try:
+                async with session.post(self.url, json={"inputs": f"client {number} request {i} " * 3}) as r:
+                    body = await r.json()
+                    code = "ok" if r.status == 200 else body["error"]["code"]
+                    status = r.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                status, code = 0, type(exc).__name__
+            self.answers.append(Answer(started, time.monotonic() - started, status, code))
+            if status != 200:
+                await asyncio.sleep(0.01)  # a failing stack should not be hammered in a tight loop
