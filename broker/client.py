@@ -118,13 +118,20 @@ class AsyncClient:
         parameters: dict[str, Any] | None = None,
         *,
         timeout_ms: int | None = None,
+        priority: int = protocol.NORMAL_PRIORITY,
+        trace: str = "",
     ) -> list[Any]:
-        """Run ``inputs`` through ``model``; one output per input, arrays as numpy."""
+        """Run ``inputs`` through ``model``; one output per input, arrays as numpy.
+
+        ``priority`` is 0 (high), 1 (normal) or 2 (low); ``trace`` is an id that
+        appears in the broker's and the worker's log lines for this request.
+        """
         try:
             payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-        reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms)
+        reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms,
+                                   priority=priority, trace=trace)
         raise_for_status(reply)
         try:
             outputs = protocol.decode_payload(reply.payload)["outputs"]
@@ -133,7 +140,14 @@ class AsyncClient:
         return list(outputs)
 
     async def request(
-        self, model: str, payload: bytes, *, items: int, timeout_ms: int | None = None
+        self,
+        model: str,
+        payload: bytes,
+        *,
+        items: int,
+        timeout_ms: int | None = None,
+        priority: int = protocol.NORMAL_PRIORITY,
+        trace: str = "",
     ) -> Reply:
         """Send one raw request and return its reply, whatever the status.
 
@@ -141,7 +155,7 @@ class AsyncClient:
         should match it, since it bounds how long this side waits.
         """
         request_id = self._new_id()
-        frames = protocol.encode_request(Request(request_id, model, items, payload, timeout_ms))
+        frames = protocol.encode_request(Request(request_id, model, items, payload, timeout_ms, priority, trace))
         wait_ms = (self.timeout_ms if timeout_ms is None else timeout_ms) + self.reply_grace_ms
         return await self._exchange(request_id, frames, wait_ms)
 

@@ -19,6 +19,10 @@ class BrokerConfig:
         "tcp://127.0.0.1:5556", "ZeroMQ endpoint workers connect to", check=check_endpoint
     )
     max_backlog: int = option(256, "items waiting per model before new requests are refused (503)", minimum=1)
+    priority_reserve: float = option(
+        0.25, "share of max_backlog by which low priority is refused earlier and high priority later",
+        minimum=0, check=lambda v: None if v < 1 else "must be below 1 (low priority needs some room)",
+    )
     timeout_ms: int = option(30_000, "deadline of a request that does not set one", minimum=1)
     max_timeout_ms: int = option(60_000, "longest deadline a client may ask for", minimum=1)
     no_worker_grace_ms: int = option(

@@ -53,6 +53,7 @@ from typing import Any
 from broker import protocol
 from broker.config import BrokerConfig
 from broker.protocol import (
+    NORMAL_PRIORITY,
     Cancel,
     Disconnect,
     Drain,
@@ -216,7 +217,7 @@ class BrokerCore:
         timeout_ms = min(request.timeout_ms or self.config.timeout_ms, self.config.max_timeout_ms)
         job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
         job = Job(job_id, client, request.request_id, request.model, request.items,
-                  request.payload, now, now + timeout_ms / 1000)
+                  request.payload, now, now + timeout_ms / 1000, request.priority, request.trace)
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
         model.enqueue(job)
@@ -237,10 +238,17 @@ class BrokerCore:
         if (model is None or not model.known) and now - self.started_at > self.config.no_worker_grace_ms / 1000:
             known = ", ".join(sorted(self.models)) or "none yet"
             return Status.UNKNOWN_MODEL, f"no worker serves model {request.model!r} (models: {known})"
-        if model is not None and model.backlog_items + request.items > self.config.max_backlog:
+        limit = self._backlog_limit(request.priority)
+        if model is not None and model.backlog_items + request.items > limit:
             return (Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting "
-                    f"(limit {self.config.max_backlog}); retry later")
+                    f"(limit {limit} at priority {request.priority}); retry later")
         return None
+
+    def _backlog_limit(self, priority: int) -> int:
+        """Normal requests fill ``max_backlog``; low ones are refused a reserved share earlier,
+        and high ones may use a reserved share beyond it, so they are refused last."""
+        share = 1 + self.config.priority_reserve * (NORMAL_PRIORITY - priority)
+        return max(1, int(self.config.max_backlog * share))
 
     # -------------------------------------------------------------- dispatch
 
@@ -250,10 +258,10 @@ class BrokerCore:
             worker = self._pick_worker(model, job)
             if worker is None:
                 return
-            model.dequeue_head()
+            model.dequeue(job)
             worker.take(job, now)
             remaining_ms = max(1, int((job.deadline - now) * 1000))
-            request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms)
+            request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
 
     @staticmethod
@@ -309,7 +317,7 @@ class BrokerCore:
         for name in worker.models:
             model = self.models[name]
             if not model.workers:
-                for job in model.backlog:
+                for job in model.waiting_jobs():
                     self._arm(job, now + self.config.no_worker_grace_ms / 1000)
             self._dispatch(model)
 

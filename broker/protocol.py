@@ -38,6 +38,8 @@ import numpy as np
 SIGNATURE: Final = b"ZB"
 VERSION: Final = 1
 MAX_ID_BYTES: Final = 64
+MAX_TRACE_CHARS: Final = 128
+HIGH_PRIORITY, NORMAL_PRIORITY, LOW_PRIORITY = 0, 1, 2
 MAX_NAME_CHARS: Final = 128
 MAX_META_BYTES: Final = 64 * 1024
 NDARRAY_EXT: Final = 1
@@ -86,6 +88,8 @@ class Request:
     items: int
     payload: bytes
     timeout_ms: int | None = None
+    priority: int = NORMAL_PRIORITY
+    trace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,10 @@ def encode_request(request: Request) -> list[bytes]:
     meta: dict[str, Any] = {"model": request.model, "items": request.items}
     if request.timeout_ms is not None:
         meta["timeout_ms"] = request.timeout_ms
+    if request.priority != NORMAL_PRIORITY:
+        meta["priority"] = request.priority
+    if request.trace:
+        meta["trace"] = request.trace
     return [HEADERS[Command.REQUEST], request.request_id, _pack(meta), request.payload]
 
 
@@ -329,7 +337,7 @@ def _decode_request(frames: list[bytes]) -> Request:
     _expect_frames(frames, 4, 4)
     request_id = _check_id(frames[1])
     meta = _unpack_meta(frames[2])
-    _only_keys(meta, {"model", "items", "timeout_ms"})
+    _only_keys(meta, {"model", "items", "timeout_ms", "priority", "trace"})
     model = _field(meta, "model", str)
     if not 1 <= len(model) <= MAX_NAME_CHARS:
         raise ProtocolError(f"model name must have 1 to {MAX_NAME_CHARS} characters")
@@ -339,7 +347,14 @@ def _decode_request(frames: list[bytes]) -> Request:
     timeout_ms = _optional(meta, "timeout_ms", int)
     if timeout_ms is not None and timeout_ms < 1:
         raise ProtocolError("timeout_ms must be at least 1")
-    return Request(request_id, model, items, frames[3], timeout_ms)
+    priority = _optional(meta, "priority", int)
+    if priority is not None and not HIGH_PRIORITY <= priority <= LOW_PRIORITY:
+        raise ProtocolError(f"priority must be {HIGH_PRIORITY} (high) to {LOW_PRIORITY} (low)")
+    trace = _optional(meta, "trace", str) or ""
+    if len(trace) > MAX_TRACE_CHARS or not trace.isprintable():
+        raise ProtocolError(f"trace must be printable and at most {MAX_TRACE_CHARS} characters")
+    return Request(request_id, model, items, frames[3], timeout_ms,
+                   NORMAL_PRIORITY if priority is None else priority, trace)
 
 
 def _decode_ready(frames: list[bytes]) -> Ready:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
-from broker.protocol import BatchCounters, Ready, Status
+from broker.protocol import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
+
+PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
 
 
 @dataclass(slots=True, eq=False)
@@ -29,6 +31,8 @@ class Job:
     payload: bytes
     admitted_at: float
     deadline: float
+    priority: int = NORMAL_PRIORITY
+    trace: str = ""
     attempts: int = 0
     worker: WorkerState | None = None
     waiting: bool = False
@@ -84,11 +88,14 @@ class WorkerState:
 
 @dataclass(slots=True, eq=False)
 class ModelState:
-    """A model's FIFO backlog; ``known`` once configured or announced by a worker."""
+    """A model's backlog: one FIFO per priority class, highest first.
+
+    ``known`` once configured or announced by a worker.
+    """
 
     name: str
     known: bool = False
-    backlog: deque[Job] = field(default_factory=deque)
+    backlogs: tuple[deque[Job], ...] = field(default_factory=lambda: tuple(deque() for _ in PRIORITIES))
     backlog_items: int = 0
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
     answered: Counter[Status] = field(default_factory=Counter)
@@ -96,20 +103,30 @@ class ModelState:
 
     def enqueue(self, job: Job, *, front: bool = False) -> None:
         if front:
-            self.backlog.appendleft(job)
+            self.backlogs[job.priority].appendleft(job)
         else:
-            self.backlog.append(job)
+            self.backlogs[job.priority].append(job)
         self.backlog_items += job.items
         job.waiting = True
 
     def first_waiting(self) -> Job | None:
-        """Head of the backlog, skipping jobs answered while they waited."""
-        while self.backlog and not self.backlog[0].waiting:
-            self.backlog.popleft()
-        return self.backlog[0] if self.backlog else None
+        """The next job to dispatch: the head of the highest non-empty class.
 
-    def dequeue_head(self) -> Job:
-        job = self.backlog.popleft()
+        Jobs answered while they waited are skipped (and dropped) here.
+        """
+        for backlog in self.backlogs:
+            while backlog and not backlog[0].waiting:
+                backlog.popleft()
+            if backlog:
+                return backlog[0]
+        return None
+
+    def waiting_jobs(self) -> list[Job]:
+        return [job for backlog in self.backlogs for job in backlog if job.waiting]
+
+    def dequeue(self, job: Job) -> Job:
+        """Take the job returned by :meth:`first_waiting` off its queue."""
+        self.backlogs[job.priority].popleft()
         self.forget_waiting(job)
         return job
 

@@ -401,3 +401,36 @@ def test_a_job_whose_worker_died_runs_alone_on_an_idle_worker(clock: FakeClock) 
     worker_reply(core, b"W2", suspect.request_id)
     out = take(core)
     assert [r.request_id for r in client_replies(out)] == [b"suspect"] and len(dispatched(out)) == 1
+
+
+def test_higher_priority_is_dispatched_first(clock: FakeClock) -> None:
+    core = make_core(clock, no_worker_grace_ms=10_000)
+    send(core, b"low", priority=2)
+    send(core, b"normal")
+    send(core, b"high", priority=0)
+    ready(core, b"W1", capacity=1)
+    order = []
+    for _ in range(3):
+        [(_, job)] = dispatched(take(core))
+        order.append(job.priority)
+        worker_reply(core, b"W1", job.request_id)
+    assert order == [0, 1, 2]
+
+
+def test_under_overload_low_priority_is_refused_first_and_high_last(clock: FakeClock) -> None:
+    core = make_core(clock, max_backlog=8, priority_reserve=0.25, no_worker_grace_ms=10_000)
+    send(core, b"fill", items=6)
+    send(core, b"low", priority=2)  # 6 + 1 > 8 * 0.75
+    send(core, b"normal", items=2)  # 6 + 2 <= 8
+    send(core, b"high", priority=0, items=2)  # 8 + 2 <= 8 * 1.25
+    send(core, b"normal-2")  # 10 + 1 > 8
+    replies = {r.request_id: r.status for r in client_replies(take(core))}
+    assert replies == {b"low": Status.OVERLOADED, b"normal-2": Status.OVERLOADED}
+
+
+def test_trace_and_priority_reach_the_worker(clock: FakeClock) -> None:
+    core = make_core(clock)
+    ready(core, b"W1")
+    send(core, b"r", priority=0, trace="req-123")
+    [(_, job)] = dispatched(take(core))
+    assert (job.priority, job.trace) == (0, "req-123")

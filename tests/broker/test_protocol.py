@@ -138,3 +138,12 @@ def test_payload_rejects_garbage_and_oversize() -> None:
         protocol.decode_payload(b"\xc1\xc1")
     with pytest.raises(ProtocolError, match="larger than"):
         protocol.decode_payload(b"\x00" * 11, max_bytes=10)
+
+
+def test_priority_and_trace_are_optional_and_checked() -> None:
+    request = Request(b"id", "m", 1, b"", None, 0, "abc-1")
+    assert protocol.decode_client_message(protocol.encode_request(request)) == request
+    assert len(protocol.encode_request(Request(b"id", "m", 1, b""))[2]) < 20  # defaults are not sent
+    for meta in (_meta(model="m", items=1, priority=3), _meta(model="m", items=1, trace="a\nb")):
+        with pytest.raises(ProtocolError):
+            protocol.decode_client_message([b"ZB\x01\x02", b"id", meta, b""])
