@@ -61,13 +61,17 @@ class WorkerError(ZBatchError):
     status = Status.WORKER_ERROR
 
 
+class WorkerLost(ZBatchError):
+    status = Status.WORKER_LOST
+
+
 class BrokerUnavailable(ZBatchError):
     """The broker is not connected or did not answer in time."""
 
 
 ERRORS_BY_STATUS: dict[Status, type[ZBatchError]] = {
     cls.status: cls
-    for cls in (BadRequest, UnknownModel, Overloaded, NoWorker, DeadlineExceeded, WorkerError)
+    for cls in (BadRequest, UnknownModel, Overloaded, NoWorker, DeadlineExceeded, WorkerError, WorkerLost)
     if cls.status is not None
 }
 

@@ -20,7 +20,8 @@ A client request goes through these states::
         |                   --deadline--> answered "deadline exceeded"; the
         |                                 worker's late reply is dropped
         +--worker dies--> WAITING again at the head of the backlog, while
-                          its retry budget lasts; then "worker error"
+                          its retry budget lasts; then "worker lost";
+                          after two deaths "worker error" (poison input)
 
 A job whose worker died may be what killed it (a poison input).  It is
 dispatched again only to an idle worker, which gets nothing else until it
@@ -77,6 +78,7 @@ class Peer(enum.Enum):
 
 Outgoing = tuple[Peer, bytes, list[bytes]]
 RETRY_AFTER_MS = 1_000
+POISON_DEATHS = 2  # a request in flight on this many dying workers is treated as the cause
 LOG_EVERY_S = 10.0
 
 
@@ -326,12 +328,16 @@ class BrokerCore:
             self.jobs.pop(job.job_id, None)
             return
         job.attempts += died
-        if job.attempts > self.config.max_retries:
-            self._answer(job, Status.WORKER_ERROR,
-                         f"the worker running this request died {job.attempts} time(s); not retried again")
-            self.jobs.pop(job.job_id, None)
+        if job.attempts >= POISON_DEATHS:
+            self._answer(job, Status.WORKER_ERROR, f"the workers running this request died {job.attempts} "
+                         "times; it looks like an input the model cannot survive, so it is not retried")
+        elif job.attempts > self.config.max_retries:
+            self._answer(job, Status.WORKER_LOST,
+                         "the worker running this request died and the retry budget is spent; retry")
+        else:
+            self.models[job.model].enqueue(job, front=True)
             return
-        self.models[job.model].enqueue(job, front=True)
+        self.jobs.pop(job.job_id, None)
 
     def _worker_reply(self, worker: WorkerState, reply: Reply, frames: list[bytes]) -> None:
         job = worker.release(reply.request_id)

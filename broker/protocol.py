@@ -68,6 +68,7 @@ class Status(enum.StrEnum):
     NO_WORKER = "no_worker"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     WORKER_ERROR = "worker_error"
+    WORKER_LOST = "worker_lost"
     CANCELLED = "cancelled"  # worker -> broker only: skipped because the broker sent CANCEL
 
 

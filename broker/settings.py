@@ -1,12 +1,13 @@
-"""Typed daemon configuration: command-line flags and ``ZBATCH_*`` variables, merged once.
+"""Typed daemon configuration: flags, ``ZBATCH_*`` variables and a TOML file, merged once.
 
 Each daemon declares one frozen dataclass whose fields are its settings
 (``option(...)`` gives the help text and bounds).  :func:`load` builds the
-``--help``, reads flags, falls back to the environment, converts and checks
+``--help``, reads flags, falls back to the environment, then to the daemon's
+section of the ``--config`` file (``ZBATCH_CONFIG``), converts and checks
 every value, and exits with a one-line message naming the bad setting.  The
 rest of the daemon only ever sees a valid config object.
 
-Precedence: flag > environment variable > default.
+Precedence: flag > environment variable > config file > default.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 ConfigT = TypeVar("ConfigT")
 ENV_PREFIX = "ZBATCH_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+# One file serves a whole host: each program reads its own section and ignores the others.
+SECTIONS = ("broker", "worker", "gateway", "status")
 
 
 def option(
@@ -48,17 +53,26 @@ def load(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     prog: str | None = None,
+    *,
+    section: str,
 ) -> ConfigT:
-    """Parse, merge and validate; on a bad value print one line and exit with status 2."""
+    """Parse, merge and validate; on a bad value print one line and exit with status 2.
+
+    ``section`` names the table of the config file that holds this program's settings.
+    """
     environ = os.environ if environ is None else environ
-    parser = _parser(config_class, prog)
+    parser = _parser(config_class, prog, section)
     namespace = parser.parse_args(argv)
     hints = typing.get_type_hints(config_class)
+    names = [field.name for field in dataclasses.fields(config_class)]  # type: ignore[arg-type]
+    from_file, file_source = _file_settings(parser, namespace.config_file, environ, section, names)
     values: dict[str, Any] = {}
     for field in dataclasses.fields(config_class):  # type: ignore[arg-type]
         raw, source = getattr(namespace, field.name), flag_name(field.name)
         if raw is None and env_name(field.name) in environ:
             raw, source = environ[env_name(field.name)], env_name(field.name)
+        if raw is None and field.name in from_file:
+            raw, source = from_file[field.name], f"{file_source}: [{section}] {field.name}"
         if raw is None:
             continue
         try:
@@ -75,8 +89,46 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _parser(config_class: type, prog: str | None) -> argparse.ArgumentParser:
+def _file_settings(
+    parser: argparse.ArgumentParser,
+    flag: str | None,
+    environ: Mapping[str, str],
+    section: str,
+    names: Sequence[str],
+) -> tuple[dict[str, Any], str]:
+    """The ``[section]`` table of the config file (empty without one) and the file's name for errors."""
+    path, source = (flag, "--config") if flag is not None else (environ.get(CONFIG_ENV), CONFIG_ENV)
+    if not path:
+        return {}, ""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        parser.error(f"{source}={path!r}: no such file")
+    except OSError as exc:
+        parser.error(f"{source}={path!r}: {exc.strerror}")
+    except tomllib.TOMLDecodeError as exc:
+        parser.error(f"{path}: not valid TOML: {exc}")
+    for key, value in document.items():
+        if key not in SECTIONS:
+            parser.error(f"{path}: unknown section {key!r} (expected one of {', '.join(SECTIONS)})")
+        if not isinstance(value, dict):
+            parser.error(f"{path}: {key!r} must be a [{key}] table of settings")
+    table: dict[str, Any] = document.get(section, {})
+    for key in table:
+        if key not in names:
+            parser.error(f"{path}: [{section}] unknown setting {key!r}")
+    return table, path
+
+
+def _parser(config_class: type, prog: str | None, section: str) -> argparse.ArgumentParser:
     parser = _OneLineErrors(prog=prog, description=(config_class.__doc__ or "").strip())
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        metavar="PATH",
+        help=f"TOML file whose [{section}] table sets defaults for the options below (env {CONFIG_ENV})",
+    )
     for field in dataclasses.fields(config_class):
         default = field.default
         parser.add_argument(
@@ -88,8 +140,9 @@ def _parser(config_class: type, prog: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def _convert(raw: str, kind: Any, metadata: Mapping[str, Any]) -> Any:
-    value = _parse_scalar(raw, kind)
+def _convert(raw: Any, kind: Any, metadata: Mapping[str, Any]) -> Any:
+    """Flags and variables are text; a config file may also hold native TOML values."""
+    value = _parse_scalar(raw, kind) if isinstance(raw, str) else _check_native(raw, kind)
     minimum = metadata.get("minimum")
     if minimum is not None and value < minimum:
         raise ValueError(f"must be at least {minimum}")
@@ -124,6 +177,21 @@ def _parse_scalar(raw: str, kind: Any) -> Any:
     if typing.get_origin(kind) is tuple:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     return raw
+
+
+def _check_native(raw: Any, kind: Any) -> Any:
+    if typing.get_origin(kind) is tuple:
+        if isinstance(raw, list) and all(isinstance(part, str) for part in raw):
+            return tuple(part.strip() for part in raw if part.strip())
+        raise ValueError("must be a list of strings")
+    # bool is an int in Python: true must not pass for 1.
+    if kind is bool and isinstance(raw, bool):
+        return raw
+    if kind is int and isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if kind is float and isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    raise ValueError("must be " + {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, "a string"))
 
 
 def check_endpoint(value: str) -> str | None:

@@ -27,6 +27,7 @@ from broker.client import (
     Overloaded,
     UnknownModel,
     WorkerError,
+    WorkerLost,
     ZBatchError,
 )
 from broker.protocol import MAX_NAME_CHARS
@@ -52,6 +53,7 @@ BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
     BrokerUnavailable: (503, "broker_unavailable"),
     DeadlineExceeded: (504, "deadline_exceeded"),
     WorkerError: (500, "worker_error"),
+    WorkerLost: (502, "worker_lost"),
 }
 HTTP_ERROR_CODES: dict[int, str] = {
     400: "bad_request",

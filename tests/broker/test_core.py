@@ -243,7 +243,17 @@ def test_retry_budget_then_worker_error(clock: FakeClock) -> None:
     assert len(dispatched(take(core))) == 1
     core.worker_message(b"W2", protocol.encode_disconnect("crashed"))
     [reply] = client_replies(take(core))
-    assert reply.status is Status.WORKER_ERROR and "died 2 time(s)" in reply.message
+    assert reply.status is Status.WORKER_ERROR and "died 2 times" in reply.message
+
+
+def test_spent_retry_budget_is_worker_lost(clock: FakeClock) -> None:
+    core = make_core(clock, max_retries=0)
+    ready(core, b"W1")
+    send(core, b"r")
+    take(core)
+    core.worker_message(b"W1", protocol.encode_disconnect("crashed"))
+    [reply] = client_replies(take(core))
+    assert reply.status is Status.WORKER_LOST
 
 
 def test_cancel_removes_a_waiting_request_and_forwards_for_a_running_one(clock: FakeClock) -> None:
@@ -370,7 +380,7 @@ def test_reconnection_of_the_same_process_requeues_without_charging_retries(cloc
     assert client_replies(out) == [] and len(dispatched(out)) == 1  # sent again, budget untouched
     core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 8)))
     [reply] = client_replies(take(core))
-    assert reply.status is Status.WORKER_ERROR  # a new pid: the old process died with the job
+    assert reply.status is Status.WORKER_LOST  # a new pid: the old process died with the job
 
 
 def test_draining_worker_gets_no_new_work_and_its_clean_exit_charges_nothing(clock: FakeClock) -> None:

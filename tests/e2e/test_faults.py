@@ -152,7 +152,7 @@ def test_an_input_that_crashes_the_worker_fails_alone(log_dir: Path) -> None:
         summary = load.summary()
     report("crashing input", poison=poison, **summary)
     assert poison[0] == 500 and poison[1]["error"]["code"] == "worker_error"
-    assert "died 2 time(s)" in poison[1]["error"]["message"]
+    assert "died 2 times" in poison[1]["error"]["message"]
     assert summary["answered"] == summary["sent"] == summary["ok"]
 
 
