@@ -14,9 +14,12 @@ timeout plus a grace period for the broker's own deadline answer.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
+import random
 import struct
+import threading
 from typing import Any
 
 import zmq
@@ -92,9 +95,13 @@ class AsyncClient:
         timeout_ms: int = 30_000,
         reply_grace_ms: int = 2_000,
         connect_timeout_ms: int = 500,
+        overload_retries: int = 0,
+        retry_backoff_ms: int = 50,
     ) -> None:
         self.endpoint = endpoint
         self.connect_timeout_ms = connect_timeout_ms
+        self.overload_retries = overload_retries
+        self.retry_backoff_ms = retry_backoff_ms
         self.timeout_ms = timeout_ms
         self.reply_grace_ms = reply_grace_ms
         self._context = context or zmq.asyncio.Context.instance()
@@ -129,13 +136,20 @@ class AsyncClient:
 
         ``priority`` is 0 (high), 1 (normal) or 2 (low); ``trace`` is an id that
         appears in the broker's and the worker's log lines for this request.
+        An ``overloaded`` answer is retried ``overload_retries`` times, after the
+        broker's ``retry_after_ms`` or an exponential backoff, whichever is longer.
         """
         try:
             payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-        reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms,
-                                   priority=priority, trace=trace)
+        for attempt in itertools.count():
+            reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms,
+                                       priority=priority, trace=trace)
+            if reply.status is not Status.OVERLOADED or attempt >= self.overload_retries:
+                break
+            backoff_ms = self.retry_backoff_ms * 2**attempt * random.uniform(0.5, 1.5)
+            await asyncio.sleep(max(backoff_ms, reply.retry_after_ms or 0) / 1000)
         raise_for_status(reply)
         try:
             outputs = protocol.decode_payload(reply.payload)["outputs"]
@@ -256,3 +270,57 @@ class AsyncClient:
             future = self._pending.get(reply.request_id)
             if future is not None and not future.done():
                 future.set_result(reply)
+
+
+class Client:
+    """The blocking client: an :class:`AsyncClient` on a private event-loop thread.
+
+    Calls block until their answer; :meth:`submit` returns a
+    ``concurrent.futures.Future`` instead, so many requests can be pipelined
+    from plain threads.  Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="zbatch-client", daemon=True)
+        self._thread.start()
+        self._async = self._call(self._make(endpoint, options))
+
+    @staticmethod
+    async def _make(endpoint: str, options: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(endpoint, context=zmq.asyncio.Context(), **options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def submit(self, model: str, inputs: list[Any], parameters: dict[str, Any] | None = None,
+               **options: Any) -> concurrent.futures.Future[list[Any]]:
+        """Send now, answer later: ``.result()`` gives the outputs or raises the typed error."""
+        return asyncio.run_coroutine_threadsafe(self._async.infer(model, inputs, parameters, **options), self._loop)
+
+    def infer(self, model: str, inputs: list[Any], parameters: dict[str, Any] | None = None,
+              **options: Any) -> list[Any]:
+        """Run ``inputs`` through ``model`` and wait; same options as :meth:`AsyncClient.infer`.
+
+        A ``timeout`` (seconds) given to ``.result()`` of :meth:`submit` is the way to
+        stop waiting early; cancelling that future cancels the request at the broker.
+        """
+        return self.submit(model, inputs, parameters, **options).result()
+
+    def stats(self) -> dict[str, Any]:
+        return self._call(self._async.stats())
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            context = self._async._context
+            self._call(self._async.close())
+            context.term()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
