@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import logging
+import sys
 from collections.abc import Sequence
 
 from broker.config import load_config
+from broker.logs import setup_logging
 from broker.server import serve
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s zbatch-broker[%(process)d] %(message)s",
-    )
-    asyncio.run(serve(config))
+    setup_logging("zbatch-broker", config.log_level, config.log_format)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:  # the metrics port is taken: one line beats a traceback
+        sys.exit(f"zbatch-broker: error: {exc}")
 
 
 if __name__ == "__main__":

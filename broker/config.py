@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.logs import LOG_FORMATS
 from broker.settings import check_endpoint, load, option
 
 
@@ -34,7 +35,11 @@ class BrokerConfig:
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long in-flight work may take to finish", minimum=0)
     models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
+    metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
+                               check=lambda port: None if port <= 65535 else "must be at most 65535")
+    metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BrokerConfig:
-    return load(BrokerConfig, argv, environ, prog="zbatch-broker")
+    return load(BrokerConfig, argv, environ, prog="zbatch-broker", section="broker")

@@ -48,6 +48,7 @@ import itertools
 import logging
 import os
 import struct
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,9 @@ class BrokerCore:
         self.jobs: dict[bytes, Job] = {}
         self.by_client: dict[tuple[bytes, bytes], Job] = {}
         self.draining = False
+        # For the metrics: the broker's own error answers by status, and workers removed by reason.
+        self.rejections: Counter[Status] = Counter()
+        self.removals: Counter[str] = Counter()
         self._timers: list[tuple[float, int, Job]] = []
         self._timer_order = itertools.count()
         self._job_ids = itertools.count()
@@ -144,7 +148,7 @@ class BrokerCore:
             log.info("worker %s (%s) is draining %d request(s)", identity.hex(), worker.ready.name,
                      len(worker.in_flight))
         elif isinstance(message, Disconnect):
-            self.remove_worker(identity, f"disconnected ({message.reason or 'no reason given'})",
+            self.remove_worker(identity, "disconnected", f"({message.reason or 'no reason given'})",
                                died=not worker.draining)
 
     def _ask_to_register(self, identity: bytes) -> None:
@@ -169,7 +173,7 @@ class BrokerCore:
             self._on_timer(job, now)
         expiry = self._expiry_s()
         for worker in [w for w in self.workers.values() if now - w.last_seen > expiry]:
-            self.remove_worker(worker.identity, f"silent for {now - worker.last_seen:.1f} s")
+            self.remove_worker(worker.identity, "silent", f"for {now - worker.last_seen:.1f} s")
         if now >= self._next_heartbeat:
             heartbeat = protocol.encode_heartbeat()
             self.outbox.extend((Peer.WORKER, identity, heartbeat) for identity in self.workers)
@@ -211,6 +215,10 @@ class BrokerCore:
         if problem is not None:
             status, message = problem
             retry = RETRY_AFTER_MS if status is Status.OVERLOADED else None
+            # Shedding is routine under load (the metrics count it); a line per shed request would add to the load.
+            level = logging.DEBUG if status is Status.OVERLOADED else logging.INFO
+            log.log(level, "refused a request for model %r: %s (%s)", request.model, status.value, message,
+                    extra={"request_id": request.trace})
             if request.model in self.models:
                 self.models[request.model].answered[status] += 1
             self._send_client(client, Reply(request.request_id, status, message, retry_after_ms=retry))
@@ -223,6 +231,8 @@ class BrokerCore:
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
         model.enqueue(job)
+        log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
+                  timeout_ms, extra={"request_id": job.trace})
         self._arm(job, job.deadline)
         if not model.workers:
             self._arm(job, now + self.config.no_worker_grace_ms / 1000)
@@ -262,6 +272,10 @@ class BrokerCore:
                 return
             model.dequeue(job)
             worker.take(job, now)
+            model.dispatched += 1
+            model.queue_time.observe(now - job.admitted_at)
+            log.debug("dispatched job %s to worker %s after %.1f ms", job.job_id.hex(), worker.ready.name,
+                      (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
             remaining_ms = max(1, int((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
@@ -284,8 +298,8 @@ class BrokerCore:
         old = self.workers.get(identity)
         if old is not None:
             same_process = (old.ready.host, old.ready.pid) == (ready.host, ready.pid)
-            why = "reconnected" if same_process else "restarted"
-            self.remove_worker(identity, f"registered again ({why})", died=not same_process)
+            reason = "reconnected" if same_process else "restarted"
+            self.remove_worker(identity, reason, "(registered again)", died=not same_process)
         self._told_to_register.pop(identity, None)
         worker = WorkerState(identity, ready, last_seen=self.clock())
         self.workers[identity] = worker
@@ -298,8 +312,11 @@ class BrokerCore:
         for name in worker.models:
             self._dispatch(self.models[name])
 
-    def remove_worker(self, identity: bytes, why: str, *, died: bool = True) -> None:
+    def remove_worker(self, identity: bytes, reason: str, detail: str = "", *, died: bool = True) -> None:
         """Forget a worker; its unanswered jobs go back to the head of their backlogs.
+
+        ``reason`` is one word for the metrics (silent, disconnected, unreachable,
+        restarted, reconnected); ``detail`` completes it in the log.
 
         ``died`` charges each job's retry budget: a worker that crashed or went
         silent may have been killed by one of them; a reconnection or a clean
@@ -308,8 +325,9 @@ class BrokerCore:
         worker = self.workers.pop(identity, None)
         if worker is None:
             return
-        log.warning("worker %s (%s pid %s) removed: %s; %d request(s) in flight",
-                    identity.hex(), worker.ready.name, worker.ready.pid, why, len(worker.in_flight))
+        self.removals[reason] += 1
+        log.warning("worker %s (%s pid %s) removed: %s %s; %d request(s) in flight", identity.hex(),
+                    worker.ready.name, worker.ready.pid, reason, detail, len(worker.in_flight))
         for name in worker.models:
             self.models[name].retire(worker)
         now = self.clock()
@@ -348,6 +366,9 @@ class BrokerCore:
             job.answered = True
             self.by_client.pop((job.client, job.request_id), None)
             self.models[job.model].answered[reply.status] += 1
+            if reply.status is not Status.OK:
+                log.info("worker %s answered job %s: %s (%s)", worker.ready.name, job.job_id.hex(),
+                         reply.status.value, reply.message, extra={"request_id": job.trace})
             self.outbox.append((Peer.CLIENT, job.client, protocol.readdress_reply(frames, job.request_id)))
         for name in worker.models:
             self._dispatch(self.models[name])
@@ -382,6 +403,9 @@ class BrokerCore:
             self.outbox.append((Peer.WORKER, job.worker.identity, protocol.encode_cancel(job.job_id)))
 
     def _answer(self, job: Job, status: Status, message: str) -> None:
+        level = logging.WARNING if status in (Status.WORKER_ERROR, Status.WORKER_LOST) else logging.INFO
+        log.log(level, "job %s for model %r answered %s: %s", job.job_id.hex(), job.model, status.value, message,
+                extra={"request_id": job.trace})
         self._retire_answered(job)
         self.models[job.model].answered[status] += 1
         self._send_client(job.client, Reply(job.request_id, status, message))
@@ -396,6 +420,8 @@ class BrokerCore:
     # ------------------------------------------------------------ utilities
 
     def _send_client(self, client: bytes, reply: Reply) -> None:
+        if reply.status is not Status.OK:
+            self.rejections[reply.status] += 1
         self.outbox.append((Peer.CLIENT, client, protocol.encode_reply(reply)))
 
     def _client_protocol_error(self, client: bytes, frames: list[bytes], exc: ProtocolError) -> None:

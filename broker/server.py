@@ -23,9 +23,12 @@ import zmq.asyncio
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
+from broker.metrics import broker_families, start_metrics
+from broker.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.broker")
 BURST = 256
+FINAL_LINGER_MS = 1_000
 
 
 class BrokerServer:
@@ -42,6 +45,7 @@ class BrokerServer:
             sock: zmq.Socket.shadow(sock.underlying) for sock in (self.frontend, self.backend)
         }
         self._stop = asyncio.Event()
+        self.notifier = Notifier(self.status_line)
 
     def _router(self, endpoint: str, *, handover: bool = False) -> zmq.asyncio.Socket:
         socket = self._context.socket(zmq.ROUTER)
@@ -57,20 +61,32 @@ class BrokerServer:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def status_line(self) -> str:
+        """One line for ``systemctl status``."""
+        stats = self.core.stats()
+        backlog = sum(model["backlog_items"] for model in stats["models"].values())
+        draining = ", draining" if stats["draining"] else ""
+        return f"{len(stats['workers'])} worker(s), {backlog} item(s) waiting{draining}"
+
     async def run(self) -> None:
         log.info("zbatch-broker: clients on %s, workers on %s", self.config.frontend, self.config.backend)
         poller = zmq.asyncio.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
+        stop_metrics = start_metrics(self.config.metrics_host, self.config.metrics_port,
+                                     lambda: broker_families(self.core))
+        self.notifier.ready()  # both sockets were bound in __init__
         try:
             await self._serve(poller, until=self._stop.is_set)
             log.info("draining: refusing new requests, waiting up to %d ms", self.config.drain_timeout_ms)
             self.core.begin_drain()
+            self.notifier.stopping()
             drain_end = time.monotonic() + self.config.drain_timeout_ms / 1000
             await self._serve(poller, until=lambda: self.core.idle or time.monotonic() >= drain_end)
             self.core.abandon_all("the broker stopped before this request finished; retry")
             self._flush()
         finally:
+            stop_metrics()
             self.close()
         log.info("zbatch-broker stopped")
 
@@ -84,6 +100,7 @@ class BrokerServer:
                 self._drain(self.backend, self.core.worker_message)
             self.core.tick()
             self._flush()
+            self.notifier.tick()  # the watchdog ping proves this loop turns (it wakes at least every 100 ms)
 
     def _drain(self, socket: zmq.asyncio.Socket, handle: Callable[[bytes, list[bytes]], None]) -> None:
         sync = self._sync[socket]
@@ -106,8 +123,9 @@ class BrokerServer:
                 self.core.unreachable(peer, identity)
 
     def close(self) -> None:
-        self.frontend.close(linger=0)
-        self.backend.close(linger=0)
+        # The last answers (drain leftovers) must still reach their clients.
+        self.frontend.close(linger=FINAL_LINGER_MS)
+        self.backend.close(linger=FINAL_LINGER_MS)
         if self._owns_context:
             self._context.term()
 

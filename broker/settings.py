@@ -65,14 +65,14 @@ def load(
     namespace = parser.parse_args(argv)
     hints = typing.get_type_hints(config_class)
     names = [field.name for field in dataclasses.fields(config_class)]  # type: ignore[arg-type]
-    from_file, file_source = _file_settings(parser, namespace.config_file, environ, section, names)
+    from_file, path = _file_settings(parser, namespace.config_file, environ, section, names)
     values: dict[str, Any] = {}
     for field in dataclasses.fields(config_class):  # type: ignore[arg-type]
         raw, source = getattr(namespace, field.name), flag_name(field.name)
         if raw is None and env_name(field.name) in environ:
             raw, source = environ[env_name(field.name)], env_name(field.name)
         if raw is None and field.name in from_file:
-            raw, source = from_file[field.name], f"{file_source}: [{section}] {field.name}"
+            raw, source = from_file[field.name], f"{path}: [{section}] {field.name}"
         if raw is None:
             continue
         try:
@@ -117,7 +117,8 @@ def _file_settings(
     table: dict[str, Any] = document.get(section, {})
     for key in table:
         if key not in names:
-            parser.error(f"{path}: [{section}] unknown setting {key!r}")
+            hint = f" (did you mean {key.replace('-', '_')!r}?)" if key.replace("-", "_") in names else ""
+            parser.error(f"{path}: [{section}] unknown setting {key!r}{hint}")
     return table, path
 
 
@@ -129,13 +130,17 @@ def _parser(config_class: type, prog: str | None, section: str) -> argparse.Argu
         metavar="PATH",
         help=f"TOML file whose [{section}] table sets defaults for the options below (env {CONFIG_ENV})",
     )
+    hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
         default = field.default
+        # A bare boolean flag (--once) means true; --once=false still works.
+        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if hints[field.name] is bool else {}
         parser.add_argument(
             flag_name(field.name),
             default=None,
-            metavar=field.name.split("_")[-1].upper(),
+            metavar="BOOL" if switch else field.name.split("_")[-1].upper(),
             help=f"{field.metadata['help']} (env {env_name(field.name)}; default {default!r})",
+            **switch,
         )
     return parser
 
@@ -191,7 +196,8 @@ def _check_native(raw: Any, kind: Any) -> Any:
         return raw
     if kind is float and isinstance(raw, int | float) and not isinstance(raw, bool):
         return float(raw)
-    raise ValueError("must be " + {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, "a string"))
+    expected = {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, "a string")
+    raise ValueError(f"must be {expected}")
 
 
 def check_endpoint(value: str) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
+from broker.histogram import SECONDS_BUCKETS, Histogram
 from broker.protocol import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
 
 PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
@@ -90,7 +91,8 @@ class WorkerState:
 class ModelState:
     """A model's backlog: one FIFO per priority class, highest first.
 
-    ``known`` once configured or announced by a worker.
+    ``known`` once configured or announced by a worker.  ``dispatched`` and
+    ``queue_time`` (admission to dispatch, seconds) feed the broker's metrics.
     """
 
     name: str
@@ -100,6 +102,8 @@ class ModelState:
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
     answered: Counter[Status] = field(default_factory=Counter)
     retired_batches: BatchCounters = field(default_factory=BatchCounters)
+    dispatched: int = 0
+    queue_time: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
 
     def enqueue(self, job: Job, *, front: bool = False) -> None:
         if front:

@@ -6,15 +6,14 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from broker.logs import setup_logging
 from gateway.config import load_config
 from gateway.server import serve
-
-LOG_FORMAT = "%(asctime)s %(levelname)s zbatch-gateway[%(process)d] %(name)s: %(message)s"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
-    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    setup_logging("zbatch-gateway", config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except OSError as exc:  # typically the port is taken; one line beats a traceback

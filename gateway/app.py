@@ -32,6 +32,9 @@ from broker.client import (
 )
 from broker.protocol import MAX_NAME_CHARS
 from gateway.config import GatewayConfig
+from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
+from gateway.openapi import DOCUMENT
+from gateway.tracing import REQUEST_ID, request_ids
 from gateway.views import jsonable, models_listing, worker_count
 
 log = logging.getLogger("zbatch.gateway")
@@ -213,8 +216,11 @@ async def run(
     """One output per text, in order, from the broker."""
     if not 1 <= len(model) <= MAX_NAME_CHARS:
         raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
+    request[MODEL] = model
     client = request.app[CLIENT]
-    outputs = await client.infer(model, texts, parameters, timeout_ms=request_timeout_ms(request))
+    outputs = await client.infer(
+        model, texts, parameters, timeout_ms=request_timeout_ms(request), trace=request[REQUEST_ID]
+    )
     if len(outputs) != len(texts):
         raise WorkerError(f"the worker returned {len(outputs)} outputs for {len(texts)} inputs")
     return outputs
@@ -299,6 +305,10 @@ async def get_stats(request: web.Request) -> web.Response:
     return web.json_response(jsonable(await request.app[CLIENT].stats()))
 
 
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.json_response(DOCUMENT)
+
+
 # --------------------------------------------------------------------------
 # Application
 # --------------------------------------------------------------------------
@@ -306,8 +316,12 @@ async def get_stats(request: web.Request) -> web.Response:
 
 def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.Application:
     """The gateway; without ``client`` it opens one to ``config.frontend`` for its lifetime."""
-    app = web.Application(middlewares=[json_errors], client_max_size=config.max_body_bytes)
+    # Outermost first: the request id is on every answer, and the metrics see the final status.
+    app = web.Application(
+        middlewares=[request_ids, measure, json_errors], client_max_size=config.max_body_bytes
+    )
     app[CONFIG] = config
+    app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
     if client is None:
         app.cleanup_ctx.append(_client_context)
     else:
@@ -321,6 +335,8 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
             web.get("/readyz", get_ready),
             web.get("/models", get_models),
             web.get("/v1/stats", get_stats),
+            web.get("/metrics", get_metrics),
+            web.get("/openapi.json", get_openapi),
         ]
     )
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.logs import LOG_FORMATS
 from broker.settings import check_endpoint, load, option
 
 
@@ -30,6 +31,9 @@ class GatewayConfig:
     )
     max_body_bytes: int = option(1048576, "largest request body accepted", minimum=1)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    log_format: str = option(
+        "text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS
+    )
 
     @property
     def required_models(self) -> tuple[str, ...]:
@@ -40,5 +44,5 @@ class GatewayConfig:
 def load_config(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
-    """Flags over environment over defaults; exits with status 2 naming any bad value."""
-    return load(GatewayConfig, argv, environ, prog="zbatch-gateway")
+    """Flags over environment over config file over defaults; exits with status 2 naming any bad value."""
+    return load(GatewayConfig, argv, environ, prog="zbatch-gateway", section="gateway")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from broker.client import AsyncClient
+from broker.sdnotify import Notifier
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 
@@ -30,10 +31,17 @@ async def serve(config: GatewayConfig, *, ready: Callable[[int], None] | None = 
         drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         # handler_cancellation: a caller who hangs up cancels its handler, and
         # AsyncClient then tells the broker to skip the work.
+        # access_log=None: the app writes its own access line, with the request id (gateway/tracing.py).
         runner = web.AppRunner(
-            create_app(config, client), handler_cancellation=True, shutdown_timeout=drain_s
+            create_app(config, client),
+            handler_cancellation=True,
+            shutdown_timeout=drain_s,
+            access_log=None,
         )
         await runner.setup()
+        notifier = Notifier(lambda: f"listening on {config.host}:{config.port}, broker {config.frontend}")
+        # Pings systemd's watchdog through the drain too: draining may take longer than WatchdogSec.
+        keep_alive = asyncio.get_running_loop().create_task(notifier.keep_alive())
         try:
             site = web.TCPSite(runner, config.host, config.port)
             await site.start()
@@ -41,7 +49,9 @@ async def serve(config: GatewayConfig, *, ready: Callable[[int], None] | None = 
             log.info("zbatch-gateway listening on %s", _url(config.host, port))
             if ready is not None:
                 ready(port)
+            notifier.ready()
             stop_signal = await _stop_requested()
+            notifier.stopping()
             log.info(
                 "%s: no longer accepting connections; waiting up to %.1f s for requests in flight",
                 stop_signal.name,
@@ -49,6 +59,7 @@ async def serve(config: GatewayConfig, *, ready: Callable[[int], None] | None = 
             )
             await site.stop()
         finally:
+            keep_alive.cancel()
             await runner.cleanup()
             _restore_signals()
     log.info("zbatch-gateway stopped")

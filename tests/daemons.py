@@ -93,10 +93,12 @@ def _flags(settings: dict[str, Any]) -> list[str]:
     return args
 
 
-def _spawn(module: str, name: str, settings: dict[str, Any], log_dir: Path) -> Daemon:
+def _spawn(module: str, name: str, settings: dict[str, Any], log_dir: Path,
+           extra_env: dict[str, str] | None = None) -> Daemon:
     log_path = log_dir / f"{name}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZBATCH_")}
-    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    # A test run under systemd must not have its daemons talk to that systemd.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)} | (extra_env or {})
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", module, *_flags(settings)],
@@ -118,11 +120,12 @@ def broker_stats(frontend: str, timeout_ms: int = 1000) -> dict[str, Any] | None
         return None
 
 
-def start_broker(log_dir: Path, name: str = "broker", **settings: Any) -> Daemon:
-    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart)."""
+def start_broker(log_dir: Path, name: str = "broker", *, env: dict[str, str] | None = None,
+                 **settings: Any) -> Daemon:
+    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart); ``env`` adds variables."""
     frontend = settings.pop("frontend", f"tcp://127.0.0.1:{free_port()}")
     backend = settings.pop("backend", f"tcp://127.0.0.1:{free_port()}")
-    daemon = _spawn("broker", name, {"frontend": frontend, "backend": backend} | settings, log_dir)
+    daemon = _spawn("broker", name, {"frontend": frontend, "backend": backend} | settings, log_dir, env)
     daemon.endpoints = {"frontend": frontend, "backend": backend}
     wait_until(lambda: not daemon.alive() or broker_stats(frontend) is not None, START_TIMEOUT_S,
                "the broker to answer", daemon.log)
@@ -130,9 +133,10 @@ def start_broker(log_dir: Path, name: str = "broker", **settings: Any) -> Daemon
     return daemon
 
 
-def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True, **settings: Any) -> Daemon:
+def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True,
+                 env: dict[str, str] | None = None, **settings: Any) -> Daemon:
     settings = {"backend": broker.backend, "name": name, "workers": 2} | settings
-    daemon = _spawn("worker", name, settings, log_dir)
+    daemon = _spawn("worker", name, settings, log_dir, env)
     if wait:
         wait_for_worker(broker, daemon)
     return daemon
@@ -147,10 +151,11 @@ def wait_for_worker(broker: Daemon, worker: Daemon) -> None:
     wait_until(registered, START_TIMEOUT_S, f"worker {worker.name} to register", worker.log)
 
 
-def start_gateway(broker: Daemon, log_dir: Path, **settings: Any) -> Daemon:
+def start_gateway(broker: Daemon, log_dir: Path, *, env: dict[str, str] | None = None,
+                  **settings: Any) -> Daemon:
     port = free_port()
     settings = {"frontend": broker.frontend, "port": port} | settings
-    daemon = _spawn("gateway", "gateway", settings, log_dir)
+    daemon = _spawn("gateway", "gateway", settings, log_dir, env)
     daemon.endpoints = {"url": f"http://127.0.0.1:{port}"}
     wait_until(lambda: not daemon.alive() or http_status(daemon.url + "/healthz") == 200, START_TIMEOUT_S,
                "the gateway to answer /healthz", daemon.log)

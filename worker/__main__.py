@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 
+from broker.logs import setup_logging
 from worker.config import load_config
 from worker.server import serve
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s zbatch-worker[%(process)d] %(message)s",
-    )
+    setup_logging("zbatch-worker", config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except (ValueError, FileNotFoundError, OSError) as exc:

@@ -10,12 +10,15 @@ its last item is done, or at its first failure.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker import protocol
 from broker.protocol import Reply, Status
+
+log = logging.getLogger("zbatch.worker")
 
 
 @dataclass(slots=True, eq=False)
@@ -26,6 +29,7 @@ class PendingRequest:
     parameters_key: bytes
     deadline: float
     arrived_at: float
+    trace: str = ""  # the client's request id, for log lines about this request
     outputs: list[Any] = field(default_factory=list)
     next_item: int = 0
     done_items: int = 0
@@ -133,6 +137,12 @@ class Assembler:
 
     def _finish(self, request: PendingRequest, status: Status, message: str, payload: bytes = b"") -> Reply:
         """Answer a request once; items it never ran are counted as skipped (cancelled or expired)."""
+        if status is not Status.OK:
+            # The model failing is worth a warning; a bad input, a late or a cancelled request is not.
+            level = {Status.CANCELLED: logging.DEBUG, Status.DEADLINE_EXCEEDED: logging.INFO,
+                     Status.BAD_REQUEST: logging.INFO}.get(status, logging.WARNING)
+            log.log(level, "job %s answered %s: %s", request.job_id.hex(), status.value, message,
+                    extra={"request_id": request.trace})
         request.finished = True
         never_run = len(request.inputs) - request.next_item
         self.pending_items -= never_run

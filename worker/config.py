@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.logs import LOG_FORMATS
 from broker.settings import check_endpoint, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -31,6 +32,9 @@ class WorkerConfig:
     dtype: str = option("auto", "weights dtype; float16 and bfloat16 need CUDA", choices=DTYPES)
     max_batch_size: int = option(32, "most items in one batch", minimum=1)
     max_batch_delay_ms: float = option(5.0, "longest wait after a batch's first item; 0 never waits", minimum=0)
+    extra_models: str = option(
+        "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,max_batch_size=..,"
+        "max_batch_delay_ms=..]' separated by ';' (unset keys: the main model's)")
     capacity: int = option(0, "items accepted in flight (0: two batches' worth)", minimum=0)
     torch_threads: int = option(0, "torch threads (0: this host's cores divided by --workers)", minimum=0)
     workers: int = option(1, "worker processes sharing this host's cores", minimum=1)
@@ -40,6 +44,10 @@ class WorkerConfig:
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long held work may take to finish", minimum=0)
     batch_timeout_ms: int = option(60_000, "a batch running longer means the model is stuck: exit", minimum=100)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
+    metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
+                               check=lambda port: None if port <= 65535 else "must be at most 65535")
+    metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
 
     @property
     def identity(self) -> str:
@@ -55,4 +63,4 @@ class WorkerConfig:
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> WorkerConfig:
-    return load(WorkerConfig, argv, environ, prog="zbatch-worker")
+    return load(WorkerConfig, argv, environ, prog="zbatch-worker", section="worker")

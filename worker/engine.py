@@ -25,7 +25,7 @@ from worker.models import InputError, ModelSpec, Runner, load_runner
 
 log = logging.getLogger("zbatch.worker")
 Outcomes = list[Any]
-Done = Callable[[Batch, Outcomes, float], None]
+Done = Callable[[str, Batch, Outcomes, float], None]
 
 
 def run_isolated(runner: Runner, inputs: list[Any], parameters: dict[str, Any]) -> Outcomes:
@@ -48,25 +48,26 @@ def run_isolated(runner: Runner, inputs: list[Any], parameters: dict[str, Any]) 
 
 
 class InferenceThread:
-    """Loads ``spec`` and runs batches in order, one at a time."""
+    """Loads every model in ``specs`` and runs batches in order, one at a time."""
 
-    def __init__(self, spec: ModelSpec, torch_threads: int, loop: asyncio.AbstractEventLoop, done: Done) -> None:
-        self.spec = spec
+    def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
+                 done: Done) -> None:
+        self.specs = specs
         self.torch_threads = torch_threads
         self.device = ""
         self._loop = loop
         self._done = done
-        self._batches: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[tuple[str, Batch] | None] = queue.SimpleQueue()
         self._loaded: asyncio.Future[None] = loop.create_future()
-        self._thread = threading.Thread(target=self._main, name=f"inference-{spec.name}", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
 
     async def start(self) -> None:
         """Start the thread and wait until the model is loaded and warm (or failed to load)."""
         self._thread.start()
         await self._loaded
 
-    def submit(self, batch: Batch) -> None:
-        self._batches.put(batch)
+    def submit(self, model: str, batch: Batch) -> None:
+        self._batches.put((model, batch))
 
     def stop(self, timeout_s: float) -> None:
         self._batches.put(None)
@@ -74,28 +75,31 @@ class InferenceThread:
 
     def _main(self) -> None:
         try:
-            runner = self._load()
+            runners = self._load()
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
         self._loop.call_soon_threadsafe(self._set_loaded, None)
-        while (batch := self._batches.get()) is not None:
+        while (work := self._batches.get()) is not None:
+            model, batch = work
             started = time.perf_counter()
-            outcomes = run_isolated(runner, batch.inputs, batch.parameters)
-            self._loop.call_soon_threadsafe(self._done, batch, outcomes, time.perf_counter() - started)
+            outcomes = run_isolated(runners[model], batch.inputs, batch.parameters)
+            self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, time.perf_counter() - started)
 
-    def _load(self) -> Runner:
+    def _load(self) -> dict[str, Runner]:
         import torch
         import transformers
 
         transformers.logging.disable_progress_bar()  # progress bars garble daemon logs
         torch.set_num_threads(self.torch_threads)
-        started = time.perf_counter()
-        runner = load_runner(self.spec)
-        self.device = runner.device
-        log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s)", self.spec.name,
-                 self.spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
-        return runner
+        runners = {}
+        for spec in self.specs:
+            started = time.perf_counter()
+            runners[spec.name] = runner = load_runner(spec)
+            log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s)", spec.name,
+                     spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
+        self.device = ",".join(sorted({runner.device for runner in runners.values()}))
+        return runners
 
     def _set_loaded(self, error: BaseException | None) -> None:
         if error is None:

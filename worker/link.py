@@ -8,6 +8,10 @@ intervals it drops the socket and connects a new one after an exponential
 backoff (1 s doubling to 32 s), announcing READY again.  A broker that does
 not know the worker (it restarted) says DISCONNECT, and the worker answers
 with READY at once.
+
+The protocol has no acknowledgement of READY, but the broker only ever
+sends DISCONNECT to a worker it does not know: the first other message
+after READY means the worker is registered (``on_registered``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class BrokerLink:
         ready: Callable[[], list[bytes]],
         heartbeat: Callable[[], list[bytes]],
         deliver: Callable[[BrokerToWorkerMessage], None],
+        on_registered: Callable[[], None],
     ) -> None:
         self.endpoint = endpoint
         self._context = context
@@ -49,6 +54,8 @@ class BrokerLink:
         self._ready = ready
         self._heartbeat = heartbeat
         self._deliver = deliver
+        self._on_registered = on_registered
+        self._awaiting_registration = False
         self._socket: zmq.asyncio.Socket | None = None
         self._sender: zmq.Socket | None = None
         self._backoff_s = INITIAL_BACKOFF_S
@@ -89,7 +96,11 @@ class BrokerLink:
         self._sender = zmq.Socket.shadow(sock.underlying)
         self.connections += 1
         if self.announce:
-            self.send(self._ready())
+            self._announce()
+
+    def _announce(self) -> None:
+        self.send(self._ready())
+        self._awaiting_registration = True
 
     async def _serve_until_silent(self) -> None:
         assert self._socket is not None and self._sender is not None
@@ -119,6 +130,9 @@ class BrokerLink:
             if isinstance(message, Disconnect):
                 if self.announce:
                     log.warning("the broker does not know this worker (%s); registering again", message.reason)
-                    self.send(self._ready())
+                    self._announce()
             else:
+                if self._awaiting_registration:
+                    self._awaiting_registration = False
+                    self._on_registered()
                 self._deliver(message)

@@ -31,44 +31,34 @@ import zmq
 import zmq.asyncio
 
 from broker import protocol
+from broker.metrics import start_metrics
 from broker.protocol import (
-    BatchCounters,
     BrokerToWorkerMessage,
     Cancel,
     Drain,
     Heartbeat,
-    ModelInfo,
     ProtocolError,
     Ready,
     Reply,
     Request,
     Status,
 )
-from worker.assembler import Assembler, Batch, PendingRequest
-from worker.batching import BatchPolicy
+from broker.sdnotify import Notifier
+from worker.assembler import Batch, PendingRequest
 from worker.config import WorkerConfig
 from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
-from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+from worker.metrics import worker_families
+from worker.slots import ModelSlot, model_slots
 
 log = logging.getLogger("zbatch.worker")
 STUCK_EXIT_CODE = 70  # EX_SOFTWARE: systemd's Restart=on-failure restarts us
 
 
-def model_spec(config: WorkerConfig) -> ModelSpec:
-    path = config.model_path or default_model_path()
-    default_name = DEFAULT_MODEL_NAME if not config.model_path else os.path.basename(path.rstrip("/"))
-    return ModelSpec(config.model_name or default_name, path, config.task, config.device, config.dtype)
-
-
 class WorkerServer:
     def __init__(self, config: WorkerConfig, context: zmq.asyncio.Context | None = None) -> None:
         self.config = config
-        self.spec = model_spec(config)
-        self.policy = BatchPolicy(config.max_batch_size, config.max_batch_delay_ms / 1000)
-        self.assembler = Assembler()
-        self.batches = 0
-        self.batched_items = 0
+        self.slots = model_slots(config)
         self._context = context or zmq.asyncio.Context()
         self._engine: InferenceThread | None = None
         self._link: BrokerLink | None = None
@@ -79,26 +69,40 @@ class WorkerServer:
         self._drain_acknowledged = asyncio.Event()
         self._drained = asyncio.Event()
         self._draining = False
+        self.notifier = Notifier(self.status_line)
 
     def request_stop(self) -> None:
         self._stop.set()
 
+    def status_line(self) -> str:
+        """One line for ``systemctl status``."""
+        draining = ", draining" if self._stop.is_set() else ""
+        served = ", ".join(f"{name}: {slot.batches} batches, {slot.batched_items} items"
+                           for name, slot in self.slots.items())
+        return f"{served}; {self._held()} request(s) held{draining}"
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self._engine = InferenceThread(self.spec, self.config.effective_torch_threads, loop, self._batch_done)
+        specs = [slot.spec for slot in self.slots.values()]
+        self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
         await self._engine.start()
         self._link = BrokerLink(
             self._context, self.config.backend, self.config.identity.encode(),
             self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
             ready=self._ready_frames, heartbeat=self._heartbeat_frames, deliver=self._deliver,
+            on_registered=self.notifier.ready,  # for systemd, ready means loaded and registered
         )
+        stop_metrics = start_metrics(self.config.metrics_host, self.config.metrics_port,
+                                     lambda: worker_families(self.slots))
         tasks = [loop.create_task(self._link.run()), loop.create_task(self._watchdog())]
-        log.info("worker %s serving %s on %s, broker %s", self.config.identity, self.spec.name,
+        log.info("worker %s serving %s on %s, broker %s", self.config.identity, ", ".join(self.slots),
                  self._engine.device, self.config.backend)
         try:
             await self._stop.wait()
+            self.notifier.stopping()
             await self._drain()
         finally:
+            stop_metrics()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -111,22 +115,21 @@ class WorkerServer:
 
     def _ready_frames(self) -> list[bytes]:
         assert self._engine is not None
-        info = ModelInfo(self.spec.name, self.spec.task, self.config.max_batch_size)
-        ready = Ready((info,), self.config.effective_capacity, self.config.identity,
+        infos = tuple(slot.info for slot in self.slots.values())
+        ready = Ready(infos, self.config.effective_capacity, self.config.identity,
                       socketlib.gethostname(), os.getpid(), self._engine.device)
         return protocol.encode_ready(ready)
 
     def _heartbeat_frames(self) -> list[bytes]:
-        skipped = self.assembler.skipped_items
-        counters = BatchCounters(self.batches, self.batched_items,
-                                 skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED])
-        return protocol.encode_heartbeat(Heartbeat({self.spec.name: counters}))
+        counters = {name: slot.counters() for name, slot in self.slots.items()}
+        return protocol.encode_heartbeat(Heartbeat(counters))
 
     def _deliver(self, message: BrokerToWorkerMessage) -> None:
         if isinstance(message, Request):
             self._accept(message)
         elif isinstance(message, Cancel):
-            self._send_replies([r for r in [self.assembler.cancel(message.request_id)] if r])
+            replies = (slot.assembler.cancel(message.request_id) for slot in self.slots.values())
+            self._send_replies([reply for reply in replies if reply is not None])
         elif isinstance(message, Drain):
             self._drain_acknowledged.set()
 
@@ -139,17 +142,24 @@ class WorkerServer:
 
     def _accept(self, request: Request) -> None:
         now = time.monotonic()
+        slot = self.slots.get(request.model)
         try:
-            if self.assembler.holds(request.request_id):
+            if slot is None:
+                raise ValueError(f"this worker does not serve model {request.model!r}")
+            if any(s.assembler.holds(request.request_id) for s in self.slots.values()):
                 raise ValueError("this worker already holds a job with that id")
             inputs, parameters = parse_payload(request)
         except ValueError as exc:
+            log.info("refused job %s: %s", request.request_id.hex(), exc, extra={"request_id": request.trace})
             self._send_replies([Reply(request.request_id, Status.BAD_REQUEST, str(exc))])
             return
         deadline = now + (request.timeout_ms or self.config.drain_timeout_ms) / 1000
         key = msgpack.packb(sorted(parameters.items()), use_bin_type=True, default=str)
-        self.assembler.add(PendingRequest(request.request_id, inputs, parameters, key, deadline, now))
-        self.policy.arrived(now, len(inputs))
+        log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, len(inputs),
+                  extra={"request_id": request.trace})
+        slot.assembler.add(PendingRequest(request.request_id, inputs, parameters, key, deadline, now,
+                                          request.trace))
+        slot.policy.arrived(now, len(inputs))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -157,49 +167,62 @@ class WorkerServer:
         if self._batch_started is not None or self._engine is None:
             return
         now = time.monotonic()
-        self._send_replies(self.assembler.expire(now))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        run_at = self.policy.run_at(now, self.assembler.pending_items, self.assembler.first_arrival(),
-                                    self._idle_since)
-        if run_at is None:
-            if self._draining and not len(self.assembler):
+        due: list[tuple[float, float, ModelSlot]] = []  # (run_at, first arrival, slot)
+        for slot in self.slots.values():
+            self._send_replies(slot.assembler.expire(now))
+            first = slot.assembler.first_arrival()
+            run_at = slot.policy.run_at(now, slot.assembler.pending_items, first, self._idle_since)
+            if run_at is not None:
+                due.append((max(run_at, now), first, slot))
+        if not due:
+            if self._draining and not self._held():
                 self._drained.set()
-        elif run_at > now:
+            return
+        run_at, _, slot = min(due, key=lambda entry: entry[:2])
+        if run_at > now:
             self._timer = asyncio.get_running_loop().call_later(run_at - now, self._schedule)
-        elif (batch := self.assembler.take_batch(self.config.max_batch_size)) is not None:
+        elif (batch := slot.assembler.take_batch(slot.max_batch_size)) is not None:
             self._batch_started = now
-            self._engine.submit(batch)
+            self._engine.submit(slot.spec.name, batch)
 
-    def _batch_done(self, batch: Batch, outcomes: Outcomes, elapsed_s: float) -> None:
+    def _held(self) -> int:
+        return sum(len(slot.assembler) for slot in self.slots.values())
+
+    def _batch_done(self, model: str, batch: Batch, outcomes: Outcomes, elapsed_s: float) -> None:
         self._batch_started = None
         self._idle_since = time.monotonic()
-        self.batches += 1
-        self.batched_items += len(batch.items)
-        log.debug("batch of %d items in %.1f ms", len(batch.items), elapsed_s * 1000)
-        self._send_replies(self.assembler.complete(batch, outcomes))
+        slot = self.slots[model]
+        slot.batches += 1
+        slot.batched_items += len(batch.items)
+        slot.batch_sizes.observe(len(batch.items))
+        slot.inference_times.observe(elapsed_s)
+        log.debug("%s: batch of %d items in %.1f ms", model, len(batch.items), elapsed_s * 1000)
+        self._send_replies(slot.assembler.complete(batch, outcomes))
         self._schedule()
 
     # ------------------------------------------------------ drain, watchdog
 
     async def _drain(self) -> None:
         assert self._link is not None
-        log.info("draining: telling the broker, then finishing %d held request(s)", len(self.assembler))
+        log.info("draining: telling the broker, then finishing %d held request(s)", self._held())
         budget_end = time.monotonic() + self.config.drain_timeout_ms / 1000
         self._link.announce = False
         self._link.send(protocol.encode_drain())
         await _wait(self._drain_acknowledged, budget_end)
         self._draining = True
         self._schedule()
-        if len(self.assembler) and not await _wait(self._drained, budget_end):
-            log.warning("drain timeout: %d request(s) left to the broker", len(self.assembler))
+        if self._held() and not await _wait(self._drained, budget_end):
+            log.warning("drain timeout: %d request(s) left to the broker", self._held())
         self._link.send(protocol.encode_disconnect("worker stopping"))
 
     async def _watchdog(self) -> None:
         limit_s = self.config.batch_timeout_ms / 1000
         while True:
             await asyncio.sleep(min(1.0, limit_s / 4))
+            self.notifier.tick()  # systemd's watchdog: this loop turns, so the I/O loop is alive
             started = self._batch_started
             if started is not None and time.monotonic() - started > limit_s:
                 self._give_up(time.monotonic() - started)

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.client import AsyncClient, Overloaded
+from broker.client import AsyncClient, NoWorker, Overloaded
 from tests.daemons import (
     Daemon,
     broker_stats,
@@ -198,10 +198,10 @@ def test_a_caller_who_hangs_up_never_reaches_the_model(log_dir: Path) -> None:
 
 
 def test_broker_sigterm_refuses_new_work_finishes_in_flight_and_exits_0(log_dir: Path) -> None:
-    with running_stack(log_dir, workers=1, gateway=False) as stack:
+    with running_stack(log_dir, workers=1, broker={"drain_timeout_ms": 60_000}, gateway=False) as stack:
         async def scenario() -> tuple[list[Any], Any]:
             async with AsyncClient(stack["broker"].frontend) as client:
-                calls = [client.infer(MODEL, [f"text {i} " * 120] * 32) for i in range(3)]  # seconds of CPU work
+                calls = [client.infer(MODEL, [f"text {i} " * 60] * 32) for i in range(3)]  # about a second of work
                 in_flight = [asyncio.create_task(call) for call in calls]
                 await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 2, 10, "work in flight")
                 stack["broker"].signal(signal.SIGTERM)
@@ -214,6 +214,22 @@ def test_broker_sigterm_refuses_new_work_finishes_in_flight_and_exits_0(log_dir:
     assert all(isinstance(r, list) and len(r) == 32 for r in finished), finished
     assert isinstance(refused, Overloaded) and "shutting down" in refused.message
     assert exit_code == 0
+
+
+def test_broker_sigterm_answers_what_is_left_when_the_drain_times_out(log_dir: Path) -> None:
+    with running_stack(log_dir, workers=1, broker={"drain_timeout_ms": 100}, gateway=False) as stack:
+        async def scenario() -> list[Any]:
+            async with AsyncClient(stack["broker"].frontend) as client:
+                calls = [client.infer(MODEL, [f"text {i} " * 200] * 32) for i in range(3)]  # seconds of work
+                in_flight = [asyncio.create_task(call) for call in calls]
+                await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 2, 10, "work in flight")
+                stack["broker"].signal(signal.SIGTERM)
+                return await asyncio.gather(*in_flight, return_exceptions=True)
+
+        answers = asyncio.run(scenario())
+        exit_code = stack["broker"].process.wait(30)
+    assert exit_code == 0
+    assert all(isinstance(a, NoWorker) and "broker stopped" in a.message for a in answers), answers
 
 
 async def _until_draining(client: AsyncClient) -> None:

@@ -1,0 +1,75 @@
+"""The gateway's Prometheus metrics: inference requests by model and HTTP status, their duration,
+and how many are in flight; ``GET /metrics`` serves them in the text format.
+
+Each application has its own registry, so several apps in one process (tests)
+do not clash.  The model label comes from the URL or the body, which callers
+control: to keep the number of series bounded, a model is named only once it
+has answered a request successfully or is one the gateway is configured for;
+any other name is counted as ``other``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from gateway.tracing import CLIENT_CLOSED
+
+MODEL = web.RequestKey("model", str)  # set by the handlers once they know the model
+OTHER_MODEL = "other"
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+INFERENCE_ROUTES = frozenset({"/", "/models/{model}", "/v1/embeddings"})
+
+
+class GatewayMetrics:
+    def __init__(self, models: set[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("zbatch_gateway_requests", "Inference requests answered, by model and HTTP status",
+                                ["model", "status"], registry=self.registry)
+        self.duration = Histogram("zbatch_gateway_request_duration_seconds", "Time to answer an inference request",
+                                  ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.in_flight = Gauge("zbatch_gateway_requests_in_flight", "Inference requests being answered",
+                               registry=self.registry)
+        self.models = set(models)
+
+    def label(self, model: str | None, status: int) -> str:
+        if model is not None and 200 <= status < 300:
+            self.models.add(model)
+        return model if model in self.models else OTHER_MODEL
+
+    def page(self, accept: str) -> web.Response:
+        """The exposition format the scraper asks for, as prometheus_client's own server does."""
+        encode, content_type = choose_encoder(accept)
+        return web.Response(body=encode(self.registry), headers={"Content-Type": content_type})
+
+
+METRICS = web.AppKey("metrics", GatewayMetrics)
+
+
+@web.middleware
+async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count and time inference requests; the JSON error middleware inside has made every failure a response."""
+    route = request.match_info.route.resource
+    if request.method != "POST" or route is None or route.canonical not in INFERENCE_ROUTES:
+        return await handler(request)
+    metrics = request.app[METRICS]
+    started = time.perf_counter()
+    status = CLIENT_CLOSED
+    metrics.in_flight.inc()
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        metrics.in_flight.dec()
+        model = metrics.label(request.get(MODEL) or request.match_info.get("model"), status)
+        metrics.requests.labels(model, str(status)).inc()
+        metrics.duration.labels(model).observe(time.perf_counter() - started)
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    return request.app[METRICS].page(request.headers.get("Accept", ""))

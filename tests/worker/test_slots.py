@@ -1,0 +1,37 @@
+"""Which models a worker serves, from its flags: parsing and validation, no model loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.config import load_config
+from worker.slots import model_slots
+
+
+def test_main_model_only_by_default() -> None:
+    slots = model_slots(load_config([], {}))
+    assert list(slots) == ["all-MiniLM-L6-v2"] and slots["all-MiniLM-L6-v2"].max_batch_size == 32
+
+
+def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
+    config = load_config(["--max-batch-size", "16", "--extra-models",
+                          "name=cls,path=/m/cls,task=text-classification,max_batch_size=4; path=/m/mlm,task=fill-mask"], {})
+    slots = model_slots(config)
+    assert list(slots) == ["all-MiniLM-L6-v2", "cls", "mlm"]
+    assert (slots["cls"].spec.task, slots["cls"].max_batch_size) == ("text-classification", 4)
+    assert (slots["mlm"].spec.path, slots["mlm"].max_batch_size, slots["mlm"].spec.device) == ("/m/mlm", 16, "auto")
+
+
+@pytest.mark.parametrize(
+    ("extra", "complaint"),
+    [
+        ("name=x", "needs a path="),
+        ("name=x,path=/p,colour=red", "expected key=value pairs"),
+        ("name=all-MiniLM-L6-v2,path=/p", "served twice"),
+        ("name=x,path=/p,max_batch_size=0", "max_batch_size must be >= 1"),
+        ("name=x,path=/p,max_batch_delay_ms=soon", "must be numbers"),
+    ],
+)
+def test_bad_extra_models_are_refused_with_a_reason(extra: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        model_slots(load_config(["--extra-models", extra], {}))

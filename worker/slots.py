@@ -1,0 +1,92 @@
+"""The models one worker serves: each with its own batching policy, pending work and counters.
+
+A worker may serve several small models on one device.  They share the one
+inference thread, so at most one batch runs at a time, and a batch never
+mixes models: each model has its own :class:`~worker.assembler.Assembler`.
+When the model thread is free, the slot whose batch is due and whose oldest
+item has waited longest goes next.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from broker.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
+from broker.protocol import BatchCounters, ModelInfo, Status
+from worker.assembler import Assembler
+from worker.batching import BatchPolicy
+from worker.config import WorkerConfig
+from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+
+SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms"}
+
+
+@dataclass(slots=True)
+class ModelSlot:
+    spec: ModelSpec
+    max_batch_size: int
+    policy: BatchPolicy
+    assembler: Assembler = field(default_factory=Assembler)
+    batches: int = 0
+    batched_items: int = 0
+    batch_sizes: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))  # for the metrics
+    inference_times: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(self.spec.name, self.spec.task, self.max_batch_size)
+
+    def counters(self) -> BatchCounters:
+        skipped = self.assembler.skipped_items
+        return BatchCounters(self.batches, self.batched_items,
+                             skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED])
+
+
+def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
+    """The main model from the flags, then any ``--extra-models``; names must be unique."""
+    path = config.model_path or default_model_path()
+    main_name = config.model_name or (os.path.basename(path.rstrip("/")) if config.model_path else DEFAULT_MODEL_NAME)
+    main = {"name": main_name, "path": path, "task": config.task, "device": config.device,
+            "dtype": config.dtype, "max_batch_size": str(config.max_batch_size),
+            "max_batch_delay_ms": str(config.max_batch_delay_ms)}
+    slots: dict[str, ModelSlot] = {}
+    for fields in [main, *parse_extra_models(config.extra_models, defaults=main)]:
+        slot = _slot(fields)
+        if slot.spec.name in slots:
+            raise ValueError(f"model name {slot.spec.name!r} is served twice; give each model its own name")
+        slots[slot.spec.name] = slot
+    return slots
+
+
+def parse_extra_models(text: str, defaults: dict[str, str]) -> list[dict[str, str]]:
+    """``name=a,path=/m/a,task=fill-mask;name=b,path=/m/b`` -> one settings map per model.
+
+    Device, dtype and batch settings not given are the main model's.
+    """
+    models = []
+    for entry in filter(None, (part.strip() for part in text.split(";"))):
+        fields = dict(defaults)
+        for pair in entry.split(","):
+            key, sep, value = pair.partition("=")
+            key = key.strip()
+            if not sep or key not in SPEC_KEYS:
+                raise ValueError(f"extra model {entry!r}: expected key=value pairs with keys {', '.join(sorted(SPEC_KEYS))}")
+            fields[key] = value.strip()
+        if "path=" not in entry:
+            raise ValueError(f"extra model {entry!r} needs a path=")
+        if "name=" not in entry:
+            fields["name"] = os.path.basename(fields["path"].rstrip("/"))
+        models.append(fields)
+    return models
+
+
+def _slot(fields: dict[str, str]) -> ModelSlot:
+    try:
+        batch_size, delay_ms = int(fields["max_batch_size"]), float(fields["max_batch_delay_ms"])
+    except ValueError:
+        raise ValueError(f"model {fields['name']!r}: batch settings must be numbers") from None
+    if batch_size < 1 or delay_ms < 0:
+        raise ValueError(f"model {fields['name']!r}: max_batch_size must be >= 1 and max_batch_delay_ms >= 0")
+    spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"])
+    return ModelSlot(spec, batch_size, BatchPolicy(batch_size, delay_ms / 1000))
