@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.logs import LOG_FORMATS
+from broker.limits import check_model_limits
 from broker.settings import check_endpoint, load, option
 
 
@@ -33,6 +34,10 @@ class BrokerConfig:
     heartbeat_liveness: int = option(3, "missed heartbeat intervals before a worker is declared dead", minimum=1)
     max_retries: int = option(1, "times a request is re-dispatched after its worker died", minimum=0)
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long in-flight work may take to finish", minimum=0)
+    model_limits: str = option(
+        "", "per-model limits 'name=M,max_backlog=N,timeout_ms=N,max_timeout_ms=N' separated by ';'",
+        check=check_model_limits,
+    )
     models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)

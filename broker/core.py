@@ -67,6 +67,7 @@ from broker.protocol import (
     Status,
     StatsQuery,
 )
+from broker.limits import ModelLimits, parse_model_limits
 from broker.state import Job, ModelState, WorkerState
 
 log = logging.getLogger("zbatch.broker")
@@ -102,6 +103,8 @@ class BrokerCore:
         self._job_ids = itertools.count()
         # Job ids carry a random epoch so a restarted broker never reuses ids a worker still holds.
         self._epoch = os.urandom(4)
+        self._default_limits = ModelLimits(config.max_backlog, config.timeout_ms, config.max_timeout_ms)
+        self._model_limits = parse_model_limits(config.model_limits, self._default_limits)
         self._told_to_register: dict[bytes, float] = {}
         self._next_heartbeat = self.started_at
         self._last_log: dict[str, float] = {}
@@ -224,7 +227,8 @@ class BrokerCore:
             self._send_client(client, Reply(request.request_id, status, message, retry_after_ms=retry))
             return
         model = self.models.setdefault(request.model, ModelState(request.model))
-        timeout_ms = min(request.timeout_ms or self.config.timeout_ms, self.config.max_timeout_ms)
+        limits = self.limits_for(request.model)
+        timeout_ms = min(request.timeout_ms or limits.timeout_ms, limits.max_timeout_ms)
         job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
         job = Job(job_id, client, request.request_id, request.model, request.items,
                   request.payload, now, now + timeout_ms / 1000, request.priority, request.trace)
@@ -244,23 +248,27 @@ class BrokerCore:
             return Status.OVERLOADED, "the broker is shutting down; retry on another broker or later"
         if (client, request.request_id) in self.by_client:
             return Status.BAD_REQUEST, "request id already in use on this connection; use a new id per request"
-        if request.items > self.config.max_backlog:
-            return (Status.BAD_REQUEST, f"a request may carry at most {self.config.max_backlog} items; "
+        max_backlog = self.limits_for(request.model).max_backlog
+        if request.items > max_backlog:
+            return (Status.BAD_REQUEST, f"a request may carry at most {max_backlog} items; "
                     f"this one has {request.items}: split it")
         if (model is None or not model.known) and now - self.started_at > self.config.no_worker_grace_ms / 1000:
             known = ", ".join(sorted(self.models)) or "none yet"
             return Status.UNKNOWN_MODEL, f"no worker serves model {request.model!r} (models: {known})"
-        limit = self._backlog_limit(request.priority)
+        limit = self._backlog_limit(max_backlog, request.priority)
         if model is not None and model.backlog_items + request.items > limit:
             return (Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting "
                     f"(limit {limit} at priority {request.priority}); retry later")
         return None
 
-    def _backlog_limit(self, priority: int) -> int:
+    def limits_for(self, model: str) -> ModelLimits:
+        return self._model_limits.get(model, self._default_limits)
+
+    def _backlog_limit(self, max_backlog: int, priority: int) -> int:
         """Normal requests fill ``max_backlog``; low ones are refused a reserved share earlier,
         and high ones may use a reserved share beyond it, so they are refused last."""
         share = 1 + self.config.priority_reserve * (NORMAL_PRIORITY - priority)
-        return max(1, int(self.config.max_backlog * share))
+        return max(1, int(max_backlog * share))
 
     # -------------------------------------------------------------- dispatch
 
@@ -276,7 +284,7 @@ class BrokerCore:
             model.queue_time.observe(now - job.admitted_at)
             log.debug("dispatched job %s to worker %s after %.1f ms", job.job_id.hex(), worker.ready.name,
                       (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
-            remaining_ms = max(1, int((job.deadline - now) * 1000))
+            remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
 

@@ -43,6 +43,8 @@ CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncClient)
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+PRIORITY_HEADER = "X-Priority"
+PRIORITIES = {"high": 0, "normal": 1, "low": 2, "0": 0, "1": 1, "2": 2}
 READY_PROBE_TIMEOUT_MS = 1000
 JSON_TYPES = frozenset({"application/json"})
 # curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
@@ -210,6 +212,14 @@ def request_timeout_ms(request: web.Request) -> int | None:
     return min(int(raw), request.app[CONFIG].timeout_ms)
 
 
+def request_priority(request: web.Request) -> int:
+    """``X-Priority``: high, normal (the default) or low, or the protocol's 0, 1, 2."""
+    raw = request.headers.get(PRIORITY_HEADER, "normal").strip().lower()
+    if raw not in PRIORITIES:
+        raise bad_request(f"{PRIORITY_HEADER} must be high, normal or low")
+    return PRIORITIES[raw]
+
+
 async def run(
     request: web.Request, model: str, texts: list[str], parameters: dict[str, Any]
 ) -> list[Any]:
@@ -219,7 +229,8 @@ async def run(
     request[MODEL] = model
     client = request.app[CLIENT]
     outputs = await client.infer(
-        model, texts, parameters, timeout_ms=request_timeout_ms(request), trace=request[REQUEST_ID]
+        model, texts, parameters, timeout_ms=request_timeout_ms(request),
+        priority=request_priority(request), trace=request[REQUEST_ID],
     )
     if len(outputs) != len(texts):
         raise WorkerError(f"the worker returned {len(outputs)} outputs for {len(texts)} inputs")

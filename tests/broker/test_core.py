@@ -444,3 +444,23 @@ def test_trace_and_priority_reach_the_worker(clock: FakeClock) -> None:
     send(core, b"r", priority=0, trace="req-123")
     [(_, job)] = dispatched(take(core))
     assert (job.priority, job.trace) == (0, "req-123")
+
+
+def test_per_model_limits_override_the_broker_wide_ones(clock: FakeClock) -> None:
+    core = make_core(clock, max_backlog=8, model_limits="name=m,max_backlog=2,timeout_ms=300,max_timeout_ms=400",
+                     no_worker_grace_ms=10_000)
+    send(core, b"a", items=2)
+    send(core, b"b")
+    [refused] = client_replies(take(core))
+    assert refused.request_id == b"b" and refused.status is Status.OVERLOADED
+    ready(core, b"W1")
+    send(core, b"c", timeout_ms=999)
+    jobs = [job for _, job in dispatched(take(core))]
+    assert [job.timeout_ms for job in jobs] == [300, 400]
+
+
+def test_bad_model_limits_fail_at_start() -> None:
+    from broker.config import load_config
+
+    with pytest.raises(SystemExit):
+        load_config(["--model-limits", "name=m,max_backlog=lots"], {})

@@ -204,7 +204,8 @@ def test_openapi_document_names_every_error_the_gateway_gives() -> None:
 
 
 def test_schemathesis_finds_no_server_error(observed: dict[str, Daemon], tmp_path: Path) -> None:
-    # 503 (overloaded, no worker) and 504 (deadline) are documented answers, not bugs.
+    # 503 (overloaded, no worker) and 504 (deadline) are documented answers, not bugs.  Schemathesis
+    # runs hypothesis without a deadline; 30 examples per operation and phase take about 20 s.
     config = tmp_path / "schemathesis.toml"
     config.write_text('[checks.not_a_server_error]\nexpected-statuses = ["2xx", "3xx", "4xx", "503", "504"]\n')
     command = [

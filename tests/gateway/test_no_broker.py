@@ -207,3 +207,15 @@ def test_body_under_the_limit_passes(small_gateway: Gateway) -> None:
 def test_nothing_unexpected_was_logged(gateway: Gateway, small_gateway: Gateway) -> None:
     for started in (gateway, small_gateway):
         assert "Traceback" not in started.log()
+
+
+@pytest.mark.parametrize("value", ["urgent", "3", "-1", ""])
+def test_bad_priority_header_gets_400(gateway: Gateway, value: str) -> None:
+    response = gateway.post_json(MODEL, {"inputs": "a"}, {"X-Priority": value})
+    assert response.status == 400 and "X-Priority" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("value", ["high", "LOW", "normal", "0", "2"])
+def test_good_priority_header_is_accepted(gateway: Gateway, value: str) -> None:
+    response = gateway.post_json(MODEL, {"inputs": "a"}, {"X-Priority": value})
+    assert response.error_code() == "broker_unavailable"

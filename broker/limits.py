@@ -1,0 +1,46 @@
+"""Per-model admission limits: backlog size and timeouts, with the broker-wide values as defaults.
+
+``--model-limits "name=small,max_backlog=64,timeout_ms=2000;name=big,max_timeout_ms=120000"``
+gives some models their own limits; every other model uses the broker's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+LIMIT_KEYS = ("max_backlog", "timeout_ms", "max_timeout_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    max_backlog: int
+    timeout_ms: int
+    max_timeout_ms: int
+
+
+def parse_model_limits(text: str, defaults: ModelLimits) -> dict[str, ModelLimits]:
+    """Model name -> its limits; ValueError names the entry and what is wrong with it."""
+    limits: dict[str, ModelLimits] = {}
+    for entry in filter(None, (part.strip() for part in text.split(";"))):
+        fields = dict(pair.partition("=")[::2] for pair in entry.split(","))
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        name = fields.pop("name", "")
+        if not name or not fields or not set(fields) <= set(LIMIT_KEYS):
+            raise ValueError(f"{entry!r}: expected name=MODEL plus any of {', '.join(LIMIT_KEYS)}")
+        try:
+            values = {key: int(value) for key, value in fields.items()}
+        except ValueError:
+            raise ValueError(f"{entry!r}: limits must be whole numbers") from None
+        if min(values.values()) < 1:
+            raise ValueError(f"{entry!r}: limits must be at least 1")
+        limits[name] = replace(defaults, **values)
+    return limits
+
+
+def check_model_limits(text: str) -> str | None:
+    """Settings check: the text parses (with placeholder defaults)."""
+    try:
+        parse_model_limits(text, ModelLimits(1, 1, 1))
+    except ValueError as exc:
+        return str(exc)
+    return None
