@@ -11,10 +11,8 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,27 +20,11 @@ from typing import Any
 
 import pytest
 
+from tests.daemons import free_port, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
-POLL_S = 0.05
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (bound, read, released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout_s: float = START_TIMEOUT_S, what: str = ""
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
-        time.sleep(POLL_S)
 
 
 @dataclass
@@ -150,7 +132,7 @@ def start_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     def start(*args: str, frontend: str | None = None) -> Gateway:
         gateway = spawn_gateway(tmp_path_factory.mktemp("gateway"), *args, frontend=frontend)
         started.append(gateway)
-        wait_until(gateway.is_healthy, what=f"/healthz of {gateway.url}")
+        wait_until(gateway.is_healthy, START_TIMEOUT_S, f"/healthz of {gateway.url}", gateway.log)
         return gateway
 
     yield start

@@ -15,14 +15,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, load_config
-from tests.gateway.conftest import REPO, STOP_TIMEOUT_S, free_port, spawn_gateway, wait_until
+from tests.daemons import free_port, wait_until
+from tests.gateway.conftest import REPO, START_TIMEOUT_S, STOP_TIMEOUT_S, spawn_gateway
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_signal_exits_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     gateway = spawn_gateway(tmp_path)
     try:
-        wait_until(gateway.is_healthy, what="/healthz")
+        wait_until(gateway.is_healthy, START_TIMEOUT_S, "/healthz", gateway.log)
         gateway.process.send_signal(sig)
         assert gateway.process.wait(STOP_TIMEOUT_S) == 0, gateway.log()
     finally:
@@ -38,9 +39,8 @@ def test_port_zero_logs_the_bound_port(tmp_path: Path) -> None:
         r"zbatch-gateway\[\d+\] zbatch.gateway: zbatch-gateway listening on http://127\.0\.0\.1:(\d+)"
     )
     try:
-        wait_until(
-            lambda: pattern.search(gateway.log()) is not None, what="the 'listening on' log line"
-        )
+        wait_until(lambda: pattern.search(gateway.log()) is not None, START_TIMEOUT_S,
+                   "the 'listening on' log line", gateway.log)
         match = pattern.search(gateway.log())
         assert match is not None
         gateway.port = int(match.group(1))

@@ -214,11 +214,12 @@ def test_missing_model_folder_is_rejected(tmp_path: Path) -> None:
         load_runner(ModelSpec("x", str(tmp_path / "nope")))
 
 
-def test_resolve_device_on_a_cpu_host() -> None:
+def test_resolve_device_follows_the_host() -> None:
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this test describes a host without CUDA")
+        assert resolve_device("auto") == "cuda" and resolve_device("cuda:0") == "cuda:0"
+        return
     assert resolve_device("auto") == "cpu"
     assert resolve_device("cpu") == "cpu"
     for device in ("cuda", "cuda:0", "cuda:3"):
