@@ -29,6 +29,9 @@ from broker import protocol
 from broker.protocol import Reply, Request, Status
 
 
+DISCONNECT_GRACE_S = 0.1
+
+
 class ZBatchError(Exception):
     """A request that did not succeed; ``status`` is the protocol status, if the broker gave one."""
 
@@ -253,6 +256,9 @@ class AsyncClient:
         """When the connection drops, fail what is pending now: the broker lost it anyway."""
         while True:
             await self._monitor.recv_multipart()  # only EVENT_DISCONNECTED is subscribed
+            # The broker's last answers can reach this socket just after the event: take them first.
+            await asyncio.sleep(DISCONNECT_GRACE_S)
+            self._deliver_queued_replies()
             lost = BrokerUnavailable(
                 f"lost the connection to the broker at {self.endpoint}; the request may not have run"
             )
@@ -262,14 +268,25 @@ class AsyncClient:
 
     async def _receive_loop(self) -> None:
         while True:
-            frames = await self._socket.recv_multipart()
+            self._deliver(await self._socket.recv_multipart())
+
+    def _deliver_queued_replies(self) -> None:
+        """Take every reply already received, without waiting (same thread, same socket)."""
+        queued = zmq.Socket.shadow(self._socket.underlying)
+        while True:
             try:
-                reply = protocol.decode_reply(frames)
-            except protocol.ProtocolError:
-                continue  # not ours to answer; the matching request will time out
-            future = self._pending.get(reply.request_id)
-            if future is not None and not future.done():
-                future.set_result(reply)
+                self._deliver(queued.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        try:
+            reply = protocol.decode_reply(frames)
+        except protocol.ProtocolError:
+            return  # not ours to answer; the matching request will time out
+        future = self._pending.get(reply.request_id)
+        if future is not None and not future.done():
+            future.set_result(reply)
 
 
 class Client:

@@ -52,6 +52,7 @@ from worker.metrics import worker_families
 from worker.slots import ModelSlot, model_slots
 
 log = logging.getLogger("zbatch.worker")
+FINAL_FLUSH_S = 0.2
 STUCK_EXIT_CODE = 70  # EX_SOFTWARE: systemd's Restart=on-failure restarts us
 
 
@@ -217,6 +218,9 @@ class WorkerServer:
         if self._held() and not await _wait(self._drained, budget_end):
             log.warning("drain timeout: %d request(s) left to the broker", self._held())
         self._link.send(protocol.encode_disconnect("worker stopping"))
+        # Let the last replies and the DISCONNECT leave before the connection closes: a peer
+        # that reads them in the same TCP segment as the close can lose them (seen with libzmq).
+        await asyncio.sleep(FINAL_FLUSH_S)
 
     async def _watchdog(self) -> None:
         limit_s = self.config.batch_timeout_ms / 1000
