@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from broker import protocol
+from broker.curve import CurveKeys
 from broker.protocol import Reply, Request, Status
 
 
@@ -100,7 +101,9 @@ class AsyncClient:
         connect_timeout_ms: int = 500,
         overload_retries: int = 0,
         retry_backoff_ms: int = 50,
+        curve: CurveKeys | None = None,
     ) -> None:
+        """``curve``: the broker's public key and this client's key pair, for a broker with CURVE on."""
         self.endpoint = endpoint
         self.connect_timeout_ms = connect_timeout_ms
         self.overload_retries = overload_retries
@@ -111,7 +114,12 @@ class AsyncClient:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        if curve is not None:  # a refused key never completes the handshake: requests fail fast
+            curve.apply(self._socket)
         self._socket.connect(endpoint)
+        # Sends and burst receives go through a synchronous view of the same socket (same
+        # thread): the asyncio wrapper's future per message costs more than the message.
+        self._sync = zmq.Socket.shadow(self._socket.underlying)
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
@@ -221,29 +229,37 @@ class AsyncClient:
                 raise
         finally:
             self._pending.pop(request_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # a connection lost before the send failed: already reported by the raise
 
     async def _send_or_fail(self, frames: list[bytes]) -> None:
         """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast."""
-        try:
-            await self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+        if self._try_send(frames):
             return
-        except zmq.Again:
-            pass
-        if await self._socket.poll(self.connect_timeout_ms, zmq.POLLOUT):
-            try:
-                await self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
-                return
-            except zmq.Again:
-                pass
+        if await self._socket.poll(self.connect_timeout_ms, zmq.POLLOUT) and self._try_send(frames):
+            return
         raise BrokerUnavailable(
             f"the broker at {self.endpoint} is not connected; start zbatch-broker or check the address"
         )
 
+    def _try_send(self, frames: list[bytes]) -> bool:
+        """A non-blocking send through the synchronous view: no future per message."""
+        try:
+            self._sync.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        # The socket's file descriptor is edge-triggered, and this send may have consumed the
+        # edge that announced a reply: the waiting receive loop would not wake, so look now.
+        if self._sync.get(zmq.EVENTS) & zmq.POLLIN:
+            self._deliver_queued_replies()
+        return True
+
     def _send_cancel(self, request_id: bytes) -> None:
-        """Tell the broker the caller gave up, so the work is skipped if it has not started."""
-        sent = self._socket.send_multipart(protocol.encode_cancel(request_id), flags=zmq.NOBLOCK)
-        # If the broker is gone or full, its deadline cleans up; retrieve the error quietly.
-        sent.add_done_callback(lambda done: done.cancelled() or done.exception())
+        """Tell the broker the caller gave up, so the work is skipped if it has not started.
+
+        If it cannot be sent now, the broker's deadline cleans up instead.
+        """
+        self._try_send(protocol.encode_cancel(request_id))
 
     def _ensure_receiver(self) -> None:
         loop = asyncio.get_running_loop()
@@ -267,15 +283,16 @@ class AsyncClient:
                     future.set_exception(lost)
 
     async def _receive_loop(self) -> None:
+        """Wake when replies arrive, then take all of them in one burst."""
         while True:
-            self._deliver(await self._socket.recv_multipart())
+            await self._socket.poll(flags=zmq.POLLIN)
+            self._deliver_queued_replies()
 
     def _deliver_queued_replies(self) -> None:
         """Take every reply already received, without waiting (same thread, same socket)."""
-        queued = zmq.Socket.shadow(self._socket.underlying)
         while True:
             try:
-                self._deliver(queued.recv_multipart(flags=zmq.NOBLOCK))
+                self._deliver(self._sync.recv_multipart(flags=zmq.NOBLOCK))
             except zmq.Again:
                 return
 

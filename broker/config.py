@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.curve import check_broker_settings, check_key_dir, check_secret_key_file
 from broker.logs import LOG_FORMATS
 from broker.limits import check_model_limits
 from broker.settings import check_endpoint, load, option
@@ -39,11 +40,27 @@ class BrokerConfig:
         check=check_model_limits,
     )
     models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
+    max_message_bytes: int = option(
+        16 * 1024 * 1024, "largest client message (all frames); larger ones are refused unread", minimum=1024
+    )
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
     metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
                                check=lambda port: None if port <= 65535 else "must be at most 65535")
     metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
+    curve_secret_key_file: str = option(
+        "", "the broker's CURVE key pair (NAME.key_secret); empty: no encryption, anyone may connect",
+        check=check_secret_key_file,
+    )
+    curve_clients_dir: str = option("", "folder of the public keys (NAME.key) of clients and gateways allowed "
+                                    "on the frontend", check=check_key_dir)
+    curve_workers_dir: str = option("", "folder of the public keys of workers allowed on the backend",
+                                    check=check_key_dir)
+
+    def __post_init__(self) -> None:
+        problem = check_broker_settings(self.curve_secret_key_file, self.curve_clients_dir, self.curve_workers_dir)
+        if problem:
+            raise ValueError(problem)
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BrokerConfig:

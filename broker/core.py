@@ -112,7 +112,10 @@ class BrokerCore:
     # ---------------------------------------------------------------- events
 
     def client_message(self, client: bytes, frames: list[bytes]) -> None:
+        size = sum(map(len, frames))
         try:
+            if size > self.config.max_message_bytes:  # refused unread: not even the meta is decoded
+                raise ProtocolError(f"message too large: {size} bytes, the limit is {self.config.max_message_bytes}")
             message = protocol.decode_client_message(frames)
         except ProtocolError as exc:
             self._client_protocol_error(client, frames, exc)

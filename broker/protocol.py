@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -42,7 +45,15 @@ MAX_TRACE_CHARS: Final = 128
 HIGH_PRIORITY, NORMAL_PRIORITY, LOW_PRIORITY = 0, 1, 2
 MAX_NAME_CHARS: Final = 128
 MAX_META_BYTES: Final = 64 * 1024
+MAX_META_ITEMS: Final = 1024  # entries of any list or map in a meta frame (a worker's models, ...)
+MAX_TEXT_CHARS: Final = 256  # a worker's name, host and device, for display
+MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
 NDARRAY_EXT: Final = 1
+MAX_SHOWN_CHARS: Final = 40  # of an input quoted in an error text
+MAX_NAMED_FIELDS: Final = 5
+MAX_NDIM: Final = 32
+# Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
+NDARRAY_DTYPE: Final = re.compile(r"[<|][biuf][0-9]{1,2}")
 
 
 class ProtocolError(ValueError):
@@ -316,8 +327,10 @@ def decode_reply(frames: list[bytes]) -> Reply:
     try:
         status = Status(raw_status)
     except ValueError:
-        raise ProtocolError(f"unknown status {raw_status!r}") from None
+        raise ProtocolError(f"unknown status {_shortened(repr(raw_status))}") from None
     retry_after = _optional(meta, "retry_after_ms", int)
+    if retry_after is not None and retry_after < 0:
+        raise ProtocolError("retry_after_ms must not be negative")
     return Reply(
         request_id=request_id,
         status=status,
@@ -339,9 +352,7 @@ def _decode_request(frames: list[bytes]) -> Request:
     request_id = _check_id(frames[1])
     meta = _unpack_meta(frames[2])
     _only_keys(meta, {"model", "items", "timeout_ms", "priority", "trace"})
-    model = _field(meta, "model", str)
-    if not 1 <= len(model) <= MAX_NAME_CHARS:
-        raise ProtocolError(f"model name must have 1 to {MAX_NAME_CHARS} characters")
+    model = _check_name(_field(meta, "model", str), "model name")
     items = _field(meta, "items", int)
     if items < 1:
         raise ProtocolError("items must be at least 1")
@@ -369,13 +380,16 @@ def _decode_ready(frames: list[bytes]) -> Ready:
     capacity = _field(meta, "capacity", int)
     if capacity < 1:
         raise ProtocolError("capacity must be at least 1")
+    pid = _optional(meta, "pid", int) or 0
+    if pid < 0:
+        raise ProtocolError("pid must not be negative")
     return Ready(
         models=models,
         capacity=capacity,
-        name=_optional(meta, "name", str) or "",
-        host=_optional(meta, "host", str) or "",
-        pid=_optional(meta, "pid", int) or 0,
-        device=_optional(meta, "device", str) or "",
+        name=_display_text(meta, "name"),
+        host=_display_text(meta, "host"),
+        pid=pid,
+        device=_display_text(meta, "device"),
     )
 
 
@@ -383,13 +397,12 @@ def _decode_model_info(raw: Any) -> ModelInfo:
     if not isinstance(raw, dict):
         raise ProtocolError("each model in READY must be a map")
     _only_keys(raw, {"name", "task", "max_batch_size"})
-    name = _field(raw, "name", str)
-    if not 1 <= len(name) <= MAX_NAME_CHARS:
-        raise ProtocolError(f"model name must have 1 to {MAX_NAME_CHARS} characters")
+    name = _check_name(_field(raw, "name", str), "model name")
+    task = _check_name(_field(raw, "task", str), "task")
     batch = _field(raw, "max_batch_size", int)
     if batch < 1:
         raise ProtocolError("max_batch_size must be at least 1")
-    return ModelInfo(name=name, task=_field(raw, "task", str), max_batch_size=batch)
+    return ModelInfo(name=name, task=task, max_batch_size=batch)
 
 
 def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
@@ -403,7 +416,10 @@ def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
         if not isinstance(name, str) or not isinstance(counters, dict):
             raise ProtocolError("heartbeat batches must map model names to counter maps")
         _only_keys(counters, COUNTER_KEYS)
-        batches[name] = BatchCounters(**{key: _field(counters, key, int) for key in counters})
+        values = {key: _field(counters, key, int) for key in counters}
+        if any(value < 0 for value in values.values()):
+            raise ProtocolError("heartbeat counters must not be negative")
+        batches[_check_name(name, "model name")] = BatchCounters(**values)
     return Heartbeat(batches)
 
 
@@ -427,6 +443,20 @@ def _expect_frames(frames: list[bytes], low: int, high: int) -> None:
         raise ProtocolError(f"expected {expected} frames, got {len(frames)}")
 
 
+def _check_name(value: str, what: str) -> str:
+    """Names end up in logs, metrics labels and stats: short and printable, never control characters."""
+    if not 1 <= len(value) <= MAX_NAME_CHARS or not value.isprintable():
+        raise ProtocolError(f"{what} must have 1 to {MAX_NAME_CHARS} printable characters")
+    return value
+
+
+def _display_text(meta: dict[Any, Any], key: str) -> str:
+    value: str = _optional(meta, key, str) or ""
+    if len(value) > MAX_TEXT_CHARS or not value.isprintable():
+        raise ProtocolError(f"field {key!r} must be printable and at most {MAX_TEXT_CHARS} characters")
+    return value
+
+
 def _check_id(request_id: bytes) -> bytes:
     if not 1 <= len(request_id) <= MAX_ID_BYTES:
         raise ProtocolError(f"request id must be 1 to {MAX_ID_BYTES} bytes")
@@ -437,7 +467,15 @@ def _unpack_meta(frame: bytes) -> dict[Any, Any]:
     if len(frame) > MAX_META_BYTES:
         raise ProtocolError(f"meta frame larger than {MAX_META_BYTES} bytes")
     try:
-        meta = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        # Meta holds only strings, integers, lists and maps: binary and extension values are refused
+        # while decoding, and the size limits are explicit rather than msgpack's buffer-sized defaults.
+        meta = msgpack.unpackb(
+            frame, raw=False, strict_map_key=True, ext_hook=_no_extension,
+            max_str_len=MAX_META_BYTES, max_bin_len=0, max_ext_len=0,
+            max_array_len=MAX_META_ITEMS, max_map_len=MAX_META_ITEMS,
+        )
+    except ProtocolError:
+        raise
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same
         raise ProtocolError(f"meta frame is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(meta, dict):
@@ -445,10 +483,21 @@ def _unpack_meta(frame: bytes) -> dict[Any, Any]:
     return meta
 
 
-def _only_keys(meta: dict[Any, Any], allowed: set[str]) -> None:
+def _shortened(text: str) -> str:
+    """A piece of the input for an error text: the text goes back to the sender and into logs, so it is short."""
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+def _no_extension(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"meta frames hold no msgpack extension types (got type {code})")
+
+
+def _only_keys(meta: dict[Any, Any], allowed: AbstractSet[str]) -> None:
     unknown = set(meta) - allowed
     if unknown:
-        raise ProtocolError(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+        named = ", ".join(_shortened(key) for key in sorted(map(str, unknown))[:MAX_NAMED_FIELDS])
+        more = f" and {len(unknown) - MAX_NAMED_FIELDS} more" if len(unknown) > MAX_NAMED_FIELDS else ""
+        raise ProtocolError(f"unknown field(s): {named}{more}")
 
 
 def _field(meta: dict[Any, Any], key: str, kind: type) -> Any:
@@ -491,15 +540,23 @@ def _decode_extension(code: int, data: bytes) -> np.ndarray:
     if code != NDARRAY_EXT:
         raise ProtocolError(f"unknown msgpack extension type {code}")
     try:
-        dtype_str, shape, raw = msgpack.unpackb(data, raw=False)
-        dtype = np.dtype(dtype_str)
+        parts = msgpack.unpackb(data, raw=False, max_str_len=8, max_bin_len=len(data), max_ext_len=0,
+                                max_array_len=MAX_NDIM, max_map_len=0)
     except Exception:
         raise ProtocolError("malformed ndarray extension") from None
-    if dtype.kind not in "biuf" or dtype.byteorder == ">":
-        raise ProtocolError(f"ndarray dtype {dtype_str!r} is not a little-endian number type")
+    if not (isinstance(parts, list) and len(parts) == 3):
+        raise ProtocolError("an ndarray extension must hold [dtype, shape, data]")
+    dtype_str, shape, raw = parts
+    if not (isinstance(dtype_str, str) and NDARRAY_DTYPE.fullmatch(dtype_str)):
+        raise ProtocolError(f"ndarray dtype {_shortened(repr(dtype_str))} is not a little-endian number type")
+    try:
+        dtype = np.dtype(dtype_str)
+    except TypeError:
+        raise ProtocolError(f"ndarray dtype {dtype_str!r} is not a numpy type") from None
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ProtocolError("ndarray shape must be a list of non-negative integers")
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(raw):
+    # Python integers: a product of huge dimensions must not wrap around and match by accident.
+    if not isinstance(raw, bytes) or math.prod(shape) * dtype.itemsize != len(raw):
         raise ProtocolError("ndarray data length does not match its dtype and shape")
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
@@ -509,12 +566,19 @@ def encode_payload(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True, default=_encode_extension)
 
 
-def decode_payload(data: bytes, max_bytes: int = 64 * 1024 * 1024) -> Any:
-    """Inverse of :func:`encode_payload`; arrays come back as read-only numpy views."""
+def decode_payload(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
+    """Inverse of :func:`encode_payload`; arrays come back as read-only numpy views.
+
+    ``max_bytes`` bounds the payload and every string, list, map and extension in it.
+    """
     if len(data) > max_bytes:
         raise ProtocolError(f"payload larger than {max_bytes} bytes")
     try:
-        return msgpack.unpackb(data, raw=False, ext_hook=_decode_extension, strict_map_key=False)
+        return msgpack.unpackb(
+            data, raw=False, ext_hook=_decode_extension, strict_map_key=False,
+            max_str_len=max_bytes, max_bin_len=max_bytes, max_ext_len=max_bytes,
+            max_array_len=max_bytes, max_map_len=max_bytes // 2,
+        )
     except ProtocolError:
         raise
     except Exception as exc:

@@ -23,12 +23,15 @@ import zmq.asyncio
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
+from broker.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
 from broker.metrics import broker_families, start_metrics
 from broker.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.broker")
 BURST = 256
 FINAL_LINGER_MS = 1_000
+FINAL_FLUSH_S = 0.2
+MAX_FRAME_FACTOR = 4  # the frame size libzmq refuses, in max_message_bytes (64 MiB by default)
 
 
 class BrokerServer:
@@ -37,8 +40,12 @@ class BrokerServer:
         self.core = BrokerCore(config, time.monotonic)
         self._context = context or zmq.asyncio.Context()
         self._owns_context = context is None
-        self.frontend = self._router(config.frontend)
-        self.backend = self._router(config.backend, handover=True)
+        # CURVE (off unless configured): the authenticator must share the sockets' context.
+        self._curve = CurveServer(self._context, config.curve_secret_key_file, {
+            CLIENTS_DOMAIN: config.curve_clients_dir, WORKERS_DOMAIN: config.curve_workers_dir,
+        }) if config.curve_secret_key_file else None
+        self.frontend = self._router(config.frontend, CLIENTS_DOMAIN)
+        self.backend = self._router(config.backend, WORKERS_DOMAIN, handover=True)
         # Non-blocking sends and receives go through synchronous views of the same sockets,
         # so errors surface at the call instead of inside futures; only the wait is async.
         self._sync = {
@@ -47,19 +54,31 @@ class BrokerServer:
         self._stop = asyncio.Event()
         self.notifier = Notifier(self.status_line)
 
-    def _router(self, endpoint: str, *, handover: bool = False) -> zmq.asyncio.Socket:
+    def _router(self, endpoint: str, domain: str, *, handover: bool = False) -> zmq.asyncio.Socket:
         socket = self._context.socket(zmq.ROUTER)
+        if self._curve is not None:
+            self._curve.secure(socket, domain)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if handover:  # a restarted worker with the same identity takes over its old connection
             socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 100_000)
         socket.setsockopt(zmq.RCVHWM, 100_000)
+        # libzmq drops the connection of a peer sending a frame this large, before buffering it;
+        # messages between max_message_bytes and this get a "message too large" answer.
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_FACTOR * self.config.max_message_bytes)
         socket.bind(endpoint)
         return socket
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read the CURVE allow-lists again, so keys rotate without a restart."""
+        if self._curve is None:
+            log.info("SIGHUP: CURVE is off, no keys to reload")
+        else:
+            self._curve.reload()
 
     def status_line(self) -> str:
         """One line for ``systemctl status``."""
@@ -85,6 +104,9 @@ class BrokerServer:
             await self._serve(poller, until=lambda: self.core.idle or time.monotonic() >= drain_end)
             self.core.abandon_all("the broker stopped before this request finished; retry")
             self._flush()
+            # Let the last answers leave before the connection closes: a peer that reads them
+            # in the same TCP segment as the close can lose them (seen with libzmq here).
+            await asyncio.sleep(FINAL_FLUSH_S)
         finally:
             stop_metrics()
             self.close()
@@ -126,6 +148,8 @@ class BrokerServer:
         # The last answers (drain leftovers) must still reach their clients.
         self.frontend.close(linger=FINAL_LINGER_MS)
         self.backend.close(linger=FINAL_LINGER_MS)
+        if self._curve is not None:
+            self._curve.stop()
         if self._owns_context:
             self._context.term()
 
@@ -135,4 +159,5 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_keys)
     await server.run()

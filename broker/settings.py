@@ -79,7 +79,10 @@ def load(
             values[field.name] = _convert(raw, hints[field.name], field.metadata)
         except ValueError as exc:
             parser.error(f"{source}={raw!r}: {exc}")
-    return config_class(**values)
+    try:
+        return config_class(**values)
+    except ValueError as exc:  # a check across settings, in the class's __post_init__
+        parser.error(str(exc))
 
 
 class _OneLineErrors(argparse.ArgumentParser):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.client import AsyncClient, ZBatchError
+from broker.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
 from broker.settings import check_endpoint, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -31,6 +32,17 @@ class StatusConfig:
     refresh_ms: int = option(1_000, "time between refreshes", minimum=100)
     once: bool = option(False, "print one frame and exit")
     json: bool = option(False, "print the raw statistics as JSON once and exit (for scripts)")
+    curve_server_key_file: str = option(
+        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
+    )
+    curve_secret_key_file: str = option(
+        "", "this client's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+    )
+
+    def __post_init__(self) -> None:
+        problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        if problem:
+            raise ValueError(problem)
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> StatusConfig:
@@ -101,7 +113,8 @@ def _duration(seconds: float) -> str:
 
 async def run(config: StatusConfig) -> int:
     """The exit status: 1 when the broker does not answer the first query."""
-    async with AsyncClient(config.frontend) as client:
+    curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
+    async with AsyncClient(config.frontend, curve=curve) as client:
         try:
             current = Sample(time.monotonic(), await client.stats(timeout_ms=STATS_TIMEOUT_MS))
         except ZBatchError as exc:

@@ -30,12 +30,14 @@ from broker.client import (
     WorkerLost,
     ZBatchError,
 )
+from broker.curve import client_keys
 from broker.protocol import MAX_NAME_CHARS
 from gateway.config import GatewayConfig
+from gateway.guard import guards
 from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
 from gateway.openapi import DOCUMENT
 from gateway.tracing import REQUEST_ID, request_ids
-from gateway.views import jsonable, models_listing, worker_count
+from gateway.views import json_response, jsonable, models_listing, worker_count
 
 log = logging.getLogger("zbatch.gateway")
 
@@ -62,10 +64,12 @@ BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
 }
 HTTP_ERROR_CODES: dict[int, str] = {
     400: "bad_request",
+    401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    503: "overloaded",  # gateway/guard.py: too many requests in flight
 }
 
 
@@ -128,7 +132,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         error = from_http(exc, request)
     except Exception:
-        log.exception("unexpected error answering %s %s", request.method, request.path)
+        log.exception("unexpected error answering %s %s", request.method, request.path,
+                      extra={"request_id": request.get(REQUEST_ID, "")})
         error = ApiError(500, "internal_error", "internal error; the gateway log has the details")
     body = {"error": {"code": error.code, "message": error.message}}
     return web.json_response(body, status=error.status, headers=error.headers)
@@ -192,6 +197,17 @@ def parse_inputs(body: Mapping[str, Any], field: str) -> tuple[list[str], bool]:
     return texts, single
 
 
+def check_input_limits(config: GatewayConfig, texts: list[str]) -> None:
+    """Refuse more inputs, or longer ones, than this gateway takes, before the broker sees them."""
+    if len(texts) > config.max_inputs:
+        raise ApiError(413, "too_many_inputs",
+                       f"{len(texts)} inputs; the limit is {config.max_inputs} per request: split it")
+    longest = max(map(len, texts))
+    if longest > config.max_input_chars:
+        raise ApiError(400, "input_too_long",
+                       f"an input has {longest} characters; the limit is {config.max_input_chars}")
+
+
 def parse_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     parameters = body.get("parameters")
     if parameters is None:
@@ -224,6 +240,7 @@ async def run(
     request: web.Request, model: str, texts: list[str], parameters: dict[str, Any]
 ) -> list[Any]:
     """One output per text, in order, from the broker."""
+    check_input_limits(request.app[CONFIG], texts)
     if not 1 <= len(model) <= MAX_NAME_CHARS:
         raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
     request[MODEL] = model
@@ -247,7 +264,7 @@ async def post_model(request: web.Request) -> web.Response:
     body = await read_json(request)
     texts, single = parse_inputs(body, "inputs")
     outputs = await run(request, request.match_info["model"], texts, parse_parameters(body))
-    return web.json_response(jsonable(outputs[0] if single else outputs))
+    return json_response(outputs[0] if single else outputs)
 
 
 async def post_text(request: web.Request) -> web.Response:
@@ -260,7 +277,7 @@ async def post_text(request: web.Request) -> web.Response:
     if not text:
         raise bad_request("the body is empty; send the text to process")
     outputs = await run(request, request.app[CONFIG].default_model, [text], {})
-    return web.json_response(jsonable(outputs[0]))
+    return json_response(outputs[0])
 
 
 async def post_embeddings(request: web.Request) -> web.Response:
@@ -283,13 +300,13 @@ async def post_embeddings(request: web.Request) -> web.Response:
         for index, output in enumerate(outputs)
     ]
     usage = {"prompt_tokens": 0, "total_tokens": 0}
-    return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
+    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
 
 def encode_embedding(output: Any, encoding: str) -> Any:
     if encoding == "base64":
         return base64.b64encode(np.asarray(output, dtype="<f4").tobytes()).decode("ascii")
-    return jsonable(output)
+    return output  # json_response writes numpy arrays itself
 
 
 async def get_health(request: web.Request) -> web.Response:
@@ -327,9 +344,10 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.Application:
     """The gateway; without ``client`` it opens one to ``config.frontend`` for its lifetime."""
-    # Outermost first: the request id is on every answer, and the metrics see the final status.
+    # Outermost first: the request id is on every answer, and the metrics see the final status;
+    # the guards (API key, requests in flight) run before any handler reads a body.
     app = web.Application(
-        middlewares=[request_ids, measure, json_errors], client_max_size=config.max_body_bytes
+        middlewares=[request_ids, measure, json_errors, *guards(config)], client_max_size=config.max_body_bytes
     )
     app[CONFIG] = config
     app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
@@ -355,6 +373,7 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
 
 async def _client_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms) as client:
+    curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
+    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve) as client:
         app[CLIENT] = client
         yield

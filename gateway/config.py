@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from broker.logs import LOG_FORMATS
 from broker.settings import check_endpoint, load, option
+from gateway.guard import check_api_keys_file
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,29 @@ class GatewayConfig:
         minimum=1,
     )
     max_body_bytes: int = option(1048576, "largest request body accepted", minimum=1)
+    max_inputs: int = option(256, "most inputs in one request (413 too_many_inputs)", minimum=1)
+    max_input_chars: int = option(100_000, "most characters in one input (400 input_too_long)", minimum=1)
+    max_connections: int = option(
+        1024, "requests answered at once; the next one is refused with 503 overloaded", minimum=1
+    )
+    api_keys_file: str = option(
+        "", "file of API keys, one per line; when set, requests need 'Authorization: Bearer KEY'",
+        check=check_api_keys_file,
+    )
+    protect_metrics: bool = option(False, "GET /metrics needs an API key too (when api_keys_file is set)")
+    curve_server_key_file: str = option(
+        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
+    )
+    curve_secret_key_file: str = option(
+        "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+    )
+
+    def __post_init__(self) -> None:
+        problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        if problem:
+            raise ValueError(problem)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")
     log_format: str = option(
         "text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS
     )

@@ -16,20 +16,25 @@ from gateway.tracing import MAX_REQUEST_ID_CHARS, REQUEST_ID_HEADER
 ERROR_CODES = [
     "bad_request", "unknown_model", "not_found", "method_not_allowed", "payload_too_large",
     "unsupported_media_type", "worker_error", "worker_lost", "internal_error", "overloaded", "no_worker",
-    "broker_unavailable", "deadline_exceeded",
+    "broker_unavailable", "deadline_exceeded", "unauthorized", "too_many_inputs", "input_too_long",
 ]
 ERROR_WHEN = {
-    "400": "Malformed JSON, wrong types, empty input, bad parameters or a bad header (`bad_request`)",
+    "400": "Malformed JSON, wrong types, empty input, bad parameters or a bad header (`bad_request`); "
+           "an input longer than the gateway's limit (`input_too_long`)",
+    "401": "The gateway has API keys and the request carries none of them (`unauthorized`, with "
+           "WWW-Authenticate)",
     "404": "No worker serves the model (`unknown_model`)",
-    "413": "The body is larger than the gateway's limit (`payload_too_large`)",
+    "413": "The body is larger than the gateway's limit (`payload_too_large`), or it holds more inputs "
+           "(`too_many_inputs`)",
     "415": "Wrong Content-Type (`unsupported_media_type`)",
     "500": "The model failed on this input (`worker_error`); the other inputs of its batch still succeed",
     "502": "The worker died and the broker's retry budget is spent (`worker_lost`); retry",
     "503": "Backlog full (`overloaded`, with Retry-After), no worker right now (`no_worker`), "
-           "or the broker is not reachable (`broker_unavailable`)",
+           "or the broker is not reachable (`broker_unavailable`); too many requests in flight at the gateway "
+           "(`overloaded`, with Retry-After)",
     "504": "The deadline passed first (`deadline_exceeded`)",
 }
-INFERENCE_ERRORS = ("400", "404", "413", "415", "500", "502", "503", "504")
+INFERENCE_ERRORS = ("400", "401", "404", "413", "415", "500", "502", "503", "504")
 EXAMPLE_MODEL = GatewayConfig.default_model
 
 
@@ -47,6 +52,9 @@ def _errors(*statuses: str) -> dict[str, Any]:
     if "503" in responses:
         responses["503"]["headers"]["Retry-After"] = {
             "description": "Seconds to wait before retrying (with `overloaded`)", "schema": {"type": "integer"}}
+    if "401" in responses:
+        responses["401"]["headers"]["WWW-Authenticate"] = {
+            "description": "`Bearer realm=\"zbatch\"`", "schema": {"type": "string"}}
     return responses
 
 
@@ -144,15 +152,19 @@ DOCUMENT: dict[str, Any] = {
             _answer("Embeddings in input order", _ref("EmbeddingsResponse"))),
         "/healthz": _get("Liveness: the gateway process answers", _answer("Up", _ref("Status"))),
         "/readyz": _get("Readiness: the broker answers and every required model has a worker",
-                        _answer("Ready", _ref("Status")), "503"),
+                        _answer("Ready", _ref("Status")), "401", "503"),
         "/models": _get("Models the broker knows, their figures and workers", _answer("Models", _ref("Models")),
-                        "503"),
-        "/v1/stats": _get("The broker's statistics", _answer("Statistics", _ref("Stats")), "503"),
-        "/metrics": _get("Prometheus metrics of the gateway (text exposition format)",
-                         _answer("Metrics", {"type": "string"}, "text/plain")),
-        "/openapi.json": _get("This document", _answer("OpenAPI 3.0.3 document", {"type": "object"})),
+                        "401", "503"),
+        "/v1/stats": _get("The broker's statistics", _answer("Statistics", _ref("Stats")), "401", "503"),
+        "/metrics": _get("Prometheus metrics of the gateway (text exposition format); needs a key only with "
+                         "protect_metrics", _answer("Metrics", {"type": "string"}, "text/plain"), "401"),
+        "/openapi.json": _get("This document", _answer("OpenAPI 3.0.3 document", {"type": "object"}), "401"),
     },
+    # API keys are optional: with api_keys_file set, every endpoint but /healthz needs one.
+    "security": [{}, {"apiKey": []}],
     "components": {
+        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
+                                       "description": "A key from the gateway's api_keys_file"}},
         "schemas": SCHEMAS,
         "parameters": {
             "RequestId": {"name": REQUEST_ID_HEADER, "in": "header", "required": False,

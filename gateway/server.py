@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from broker.client import AsyncClient
+from broker.curve import client_keys
 from broker.sdnotify import Notifier
 from gateway.app import create_app
 from gateway.config import GatewayConfig
@@ -25,7 +26,8 @@ async def serve(config: GatewayConfig, *, ready: Callable[[int], None] | None = 
     Shutdown: stop listening, let requests in flight finish (bounded by the
     request timeout), then close the broker client.
     """
-    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms) as client:
+    curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
+    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve) as client:
         # The slowest accepted request waits its timeout plus the client's grace
         # for the broker's deadline answer; draining that long lets all finish.
         drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000

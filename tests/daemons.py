@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import AsyncClient, ZBatchError
+from broker.curve import CurveKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120.0
@@ -51,6 +52,7 @@ class Daemon:
     process: subprocess.Popen[bytes]
     log_path: Path
     endpoints: dict[str, str] = field(default_factory=dict)
+    curve: CurveKeys | None = None  # a CURVE broker: the keys its statistics are asked with
 
     def log(self) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -107,11 +109,11 @@ def _spawn(module: str, name: str, settings: dict[str, Any], log_dir: Path,
     return Daemon(name, process, log_path)
 
 
-def broker_stats(frontend: str, timeout_ms: int = 1000) -> dict[str, Any] | None:
+def broker_stats(frontend: str, timeout_ms: int = 1000, curve: CurveKeys | None = None) -> dict[str, Any] | None:
     """The broker's statistics, or None if it does not answer."""
 
     async def ask() -> dict[str, Any]:
-        async with AsyncClient(frontend, connect_timeout_ms=timeout_ms) as client:
+        async with AsyncClient(frontend, connect_timeout_ms=timeout_ms, curve=curve) as client:
             return await client.stats(timeout_ms=timeout_ms)
 
     try:
@@ -121,13 +123,17 @@ def broker_stats(frontend: str, timeout_ms: int = 1000) -> dict[str, Any] | None
 
 
 def start_broker(log_dir: Path, name: str = "broker", *, env: dict[str, str] | None = None,
-                 **settings: Any) -> Daemon:
-    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart); ``env`` adds variables."""
+                 curve: CurveKeys | None = None, **settings: Any) -> Daemon:
+    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart); ``env`` adds variables.
+
+    ``curve``: a client's keys, for a broker started with CURVE settings.
+    """
     frontend = settings.pop("frontend", f"tcp://127.0.0.1:{free_port()}")
     backend = settings.pop("backend", f"tcp://127.0.0.1:{free_port()}")
     daemon = _spawn("broker", name, {"frontend": frontend, "backend": backend} | settings, log_dir, env)
     daemon.endpoints = {"frontend": frontend, "backend": backend}
-    wait_until(lambda: not daemon.alive() or broker_stats(frontend) is not None, START_TIMEOUT_S,
+    daemon.curve = curve
+    wait_until(lambda: not daemon.alive() or broker_stats(frontend, curve=curve) is not None, START_TIMEOUT_S,
                "the broker to answer", daemon.log)
     assert daemon.alive(), daemon.log()
     return daemon
@@ -145,7 +151,7 @@ def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True,
 def wait_for_worker(broker: Daemon, worker: Daemon) -> None:
     def registered() -> bool:
         assert worker.alive(), worker.log()
-        stats = broker_stats(broker.frontend) or {"workers": []}
+        stats = broker_stats(broker.frontend, curve=broker.curve) or {"workers": []}
         return any(w["name"] == worker.name for w in stats["workers"])
 
     wait_until(registered, START_TIMEOUT_S, f"worker {worker.name} to register", worker.log)

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from broker.logs import LOG_FORMATS
 from broker.settings import check_endpoint, load, option
 
@@ -48,6 +49,17 @@ class WorkerConfig:
     metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
                                check=lambda port: None if port <= 65535 else "must be at most 65535")
     metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
+    curve_server_key_file: str = option(
+        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
+    )
+    curve_secret_key_file: str = option(
+        "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+    )
+
+    def __post_init__(self) -> None:
+        problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def identity(self) -> str:

@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from broker import protocol
+from broker.curve import CurveKeys
 from broker.protocol import BrokerToWorkerMessage, Disconnect, ProtocolError
 
 log = logging.getLogger("zbatch.worker")
@@ -45,8 +46,10 @@ class BrokerLink:
         heartbeat: Callable[[], list[bytes]],
         deliver: Callable[[BrokerToWorkerMessage], None],
         on_registered: Callable[[], None],
+        curve: CurveKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._curve = curve
         self._context = context
         self._identity = identity
         self._heartbeat_s = heartbeat_s
@@ -59,6 +62,8 @@ class BrokerLink:
         self._socket: zmq.asyncio.Socket | None = None
         self._sender: zmq.Socket | None = None
         self._backoff_s = INITIAL_BACKOFF_S
+        self._last_heard = time.monotonic()
+        self._look_scheduled = False
         self.connections = 0
         self.announce = True  # cleared while draining: a draining worker must not register again
 
@@ -80,6 +85,16 @@ class BrokerLink:
             self._sender.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropped a message to the broker: send queue full")
+        # The socket's file descriptor is edge-triggered, and this send may have consumed the
+        # edge that announced a request: the waiting poll would not wake, so look soon.
+        if not self._look_scheduled and self._sender.get(zmq.EVENTS) & zmq.POLLIN:
+            self._look_scheduled = True
+            asyncio.get_running_loop().call_soon(self._look)
+
+    def _look(self) -> None:
+        self._look_scheduled = False
+        if self._sender is not None:
+            self._receive_all()
 
     def close(self, linger_ms: int) -> None:
         if self._socket is not None:
@@ -91,6 +106,8 @@ class BrokerLink:
         sock.setsockopt(zmq.ROUTING_ID, self._identity)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
+        if self._curve is not None:  # a refused key never connects: the broker stays silent, we retry
+            self._curve.apply(sock)
         sock.connect(self.endpoint)
         self._socket = sock
         self._sender = zmq.Socket.shadow(sock.underlying)
@@ -104,12 +121,10 @@ class BrokerLink:
 
     async def _serve_until_silent(self) -> None:
         assert self._socket is not None and self._sender is not None
-        last_heard = next_beat = time.monotonic()
-        while time.monotonic() - last_heard <= self._heartbeat_s * self._liveness:
+        self._last_heard = next_beat = time.monotonic()
+        while time.monotonic() - self._last_heard <= self._heartbeat_s * self._liveness:
             wait_ms = max(0, int((next_beat - time.monotonic()) * 1000))
             if await self._socket.poll(wait_ms, zmq.POLLIN):
-                last_heard = time.monotonic()
-                self._backoff_s = INITIAL_BACKOFF_S
                 self._receive_all()
             if time.monotonic() >= next_beat:
                 self.send(self._heartbeat())
@@ -122,6 +137,8 @@ class BrokerLink:
                 frames = self._sender.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self._last_heard = time.monotonic()
+            self._backoff_s = INITIAL_BACKOFF_S
             try:
                 message = protocol.decode_broker_to_worker(frames)
             except ProtocolError as exc:

@@ -31,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from broker import protocol
+from broker.curve import client_keys
 from broker.metrics import start_metrics
 from broker.protocol import (
     BrokerToWorkerMessage,
@@ -92,6 +93,7 @@ class WorkerServer:
             self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
             ready=self._ready_frames, heartbeat=self._heartbeat_frames, deliver=self._deliver,
             on_registered=self.notifier.ready,  # for systemd, ready means loaded and registered
+            curve=client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file),
         )
         stop_metrics = start_metrics(self.config.metrics_host, self.config.metrics_port,
                                      lambda: worker_families(self.slots))

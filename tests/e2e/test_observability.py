@@ -39,7 +39,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Dae
         daemons["broker"] = start_broker(log_dir, metrics_port=broker_port, log_format="json", log_level="debug")
         daemons["worker"] = start_worker(daemons["broker"], log_dir, "w1", metrics_port=worker_port,
                                          log_format="json", log_level="debug")
-        daemons["gateway"] = start_gateway(daemons["broker"], log_dir, log_format="json")
+        daemons["gateway"] = start_gateway(daemons["broker"], log_dir, log_format="json", access_log="true")
         daemons["broker"].endpoints["metrics"] = f"http://127.0.0.1:{broker_port}/metrics"
         daemons["worker"].endpoints["metrics"] = f"http://127.0.0.1:{worker_port}/metrics"
         daemons["gateway"].endpoints["metrics"] = daemons["gateway"].url + "/metrics"

@@ -1,0 +1,118 @@
+"""API keys and the in-flight limit: the gateway's first two checks, before any body is read.
+
+Keys: with ``api_keys_file`` set, every endpoint but ``/healthz`` (and ``/metrics``
+unless ``protect_metrics``) needs ``Authorization: Bearer KEY``.  The file holds
+one key per line (blank lines and ``#`` comments are ignored); only the SHA-256
+digests are kept, and a presented key's digest is compared with every stored
+one with :func:`hmac.compare_digest`, never stopping early, so the answer's
+timing says nothing about which key, or which prefix, came close.
+
+In flight: a middleware counts the requests being answered; past
+``max_connections`` the next one is answered 503 ``overloaded`` with
+``Retry-After``.  HTTP/1.1 runs one request at a time per connection, so this
+bounds busy connections; idle keep-alive connections are not counted.
+
+Both raise aiohttp's HTTP errors, which the JSON error middleware turns into
+the usual ``{"error": {...}}`` answer with the headers kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+
+OPEN_PATHS = frozenset({"/healthz"})  # liveness must not depend on a key
+UNCOUNTED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})  # cheap, and needed under overload
+RETRY_AFTER_S = 1
+CHALLENGE = 'Bearer realm="zbatch"'
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def read_api_keys(path: str) -> tuple[bytes, ...]:
+    """SHA-256 digests of the keys in ``path``: one per line, blank lines and ``# comments`` skipped."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return tuple(_digest(line.strip()) for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def check_api_keys_file(path: str) -> str | None:
+    """A settings check: an empty value turns keys off; a file must be readable and hold a key."""
+    if not path:
+        return None
+    try:
+        keys = read_api_keys(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read the API keys: {getattr(exc, 'strerror', None) or exc}"
+    return None if keys else "the file holds no API key (one per line; # starts a comment)"
+
+
+class ApiKeys:
+    """The accepted keys, as digests only."""
+
+    def __init__(self, digests: tuple[bytes, ...]) -> None:
+        self._digests = digests
+
+    def allows(self, authorization: str | None) -> bool:
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return False
+        presented = _digest(token.strip())
+        matched = False
+        for digest in self._digests:  # every digest, always: constant time whatever matches
+            matched |= hmac.compare_digest(digest, presented)
+        return matched
+
+
+def require_api_key(keys: ApiKeys, protect_metrics: bool) -> Middleware:
+    open_paths = OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in open_paths and not keys.allows(request.headers.get(hdrs.AUTHORIZATION)):
+            raise web.HTTPUnauthorized(
+                text="this gateway needs an API key: send the header 'Authorization: Bearer KEY'",
+                headers={hdrs.WWW_AUTHENTICATE: CHALLENGE},
+            )
+        return await handler(request)
+
+    return authenticate
+
+
+def limit_in_flight(limit: int) -> Middleware:
+    in_flight = 0
+
+    @web.middleware
+    async def shed(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal in_flight
+        if request.path in UNCOUNTED_PATHS:
+            return await handler(request)
+        if in_flight >= limit:
+            raise web.HTTPServiceUnavailable(
+                text=f"the gateway is answering {limit} requests already; retry shortly",
+                headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
+            )
+        in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+
+    return shed
+
+
+def guards(config: GatewayConfig) -> list[Middleware]:
+    """The key check (when keys are configured), then the in-flight limit."""
+    middlewares = [limit_in_flight(config.max_connections)]
+    if config.api_keys_file:
+        middlewares.insert(0, require_api_key(ApiKeys(read_api_keys(config.api_keys_file)), config.protect_metrics))
+    return middlewares

@@ -1,0 +1,102 @@
+"""PNG charts of one run: throughput and latency vs concurrency, batch sizes, scaling.
+
+matplotlib is optional (scripts/bench installs it): without it the run still
+writes its table, BENCHMARKS.md and the JSON, and says the charts were skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SYSTEMS = ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")
+
+
+def _series(rows: list[dict[str, Any]], case: str, key: str) -> tuple[list[int], list[float]]:
+    points = sorted((r["concurrency"], r[key]) for r in rows
+                    if r["case"] == case and isinstance(r["concurrency"], int) and r[key] is not None)
+    return [c for c, _ in points], [v for _, v in points]
+
+
+def _log2_axis(ax: Any, values: list[int]) -> None:
+    """Log-2 x axis labelled with the measured points themselves (1, 8, 32, ...), not powers of two."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values)
+    ax.set_xticklabels([str(v) for v in values])
+    ax.minorticks_off()
+
+
+def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write the charts the rows allow; returns their paths (empty if matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = out_dir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    present = [case for case in SYSTEMS if any(r["case"] == case for r in rows)]
+    concurrencies = sorted({r["concurrency"] for r in rows if r["case"] in present and isinstance(r["concurrency"], int)})
+    if present:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for case in present:
+            ax.plot(*_series(rows, case, "texts_s"), marker="o", label=case)
+        for r in rows:
+            if r["case"] == "limit" and r["system"].endswith(("batch 1", "batch 32")):
+                ax.axhline(r["texts_s"], linestyle=":", color="grey")
+                ax.annotate(f"limit, {r['system'].split(', ')[1]}", (concurrencies[0], r["texts_s"]), fontsize=8,
+                            color="grey",
+                            xytext=(0, 2), textcoords="offset points")
+        ax.set(xlabel="concurrent clients (closed loop)", ylabel="texts/s",
+               title="Throughput vs concurrency (all-MiniLM-L6-v2, CPU)")
+        _log2_axis(ax, concurrencies)
+        ax.set_ylim(bottom=0)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        save(fig, "throughput.png")
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, case in enumerate(present):
+            color = f"C{i}"
+            ax.plot(*_series(rows, case, "p50_ms"), marker="o", color=color, label=f"{case} p50")
+            ax.plot(*_series(rows, case, "p99_ms"), marker="x", linestyle="--", color=color, label=f"{case} p99")
+        ax.set(yscale="log", xlabel="concurrent clients (closed loop)", ylabel="latency ms",
+               title="Latency vs concurrency (p50 solid, p99 dashed)")
+        _log2_axis(ax, concurrencies)
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3, which="both")
+        save(fig, "latency.png")
+
+    batched = [r for r in rows if r["case"] == "zbatch-http" and r["detail"].get("worker_batches")]
+    if batched:
+        fig, axes = plt.subplots(len(batched), 1, figsize=(7, 1.8 + 1.4 * len(batched)), sharex=True, squeeze=False)
+        for ax, r in zip(axes[:, 0], batched, strict=True):
+            hist = r["detail"]["worker_batches"]["histogram"]
+            ax.bar([int(k) for k in hist], list(hist.values()), width=0.8)
+            ax.set_ylabel("batches")
+            ax.set_title(f"zbatch-http, concurrency {r['concurrency']}", fontsize=9)
+        axes[-1, 0].set_xlabel("batch size (items)")
+        save(fig, "batch_sizes.png")
+
+    scale = sorted((r["detail"]["workers"], r["req_s"], r["detail"]["ideal_req_s"]) for r in rows
+                   if r["case"] == "scale")
+    if scale:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([n for n, _, _ in scale], [v for _, v, _ in scale], marker="o", label="measured")
+        ax.plot([n for n, _, _ in scale], [i for _, _, i in scale], linestyle=":", label="ideal (workers only)")
+        ax.set(xlabel="simulated workers", ylabel="req/s", title="Broker throughput vs workers")
+        _log2_axis(ax, [n for n, _, _ in scale])
+        ax.set_ylim(bottom=0)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        save(fig, "scale.png")
+    return written

@@ -1,0 +1,105 @@
+"""How much CPU the rest of the machine used while we measured, from /proc (Linux only).
+
+On a shared 2-core box one foreign test suite loading a model halves what any
+system under test gets. Each measurement records ``other_cores`` (CPU used by
+processes outside this benchmark's process tree, in cores), so a disturbed
+row can be spotted, and ``wait_quiet`` can hold a run until the box is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+QUIET_CORES = 0.25  # below this, other processes are not disturbing a measurement
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    busy_ticks: int
+    ours_ticks: int
+
+
+def _busy_ticks() -> int:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal; no guest double count
+
+
+def _tree_ticks(root: int) -> int:
+    """utime + stime of ``root`` and all its descendants alive now."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()  # fields after "pid (comm)"
+        parents[int(entry.name)] = int(rest[1])
+        ticks[int(entry.name)] = int(rest[11]) + int(rest[12])
+    total, stack = 0, [root]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def snapshot(root: int | None = None) -> Snapshot | None:
+    try:
+        return Snapshot(time.monotonic(), _busy_ticks(), _tree_ticks(root or os.getpid()))
+    except (OSError, ValueError, IndexError):
+        return None  # not Linux, or /proc unreadable: no noise figures
+
+
+def usage(start: Snapshot | None, end: Snapshot | None) -> dict[str, float]:
+    """Cores used between the snapshots: by this benchmark's processes, and by everything else."""
+    if start is None or end is None or end.at <= start.at:
+        return {}
+    seconds = end.at - start.at
+    ours = (end.ours_ticks - start.ours_ticks) / TICKS / seconds
+    busy = (end.busy_ticks - start.busy_ticks) / TICKS / seconds
+    return {"ours_cores": round(ours, 2), "other_cores": round(max(0.0, busy - ours), 2)}
+
+
+def other_cores(seconds: float) -> float | None:
+    """Cores used by processes outside this benchmark over the next ``seconds`` (blocking)."""
+    start = snapshot()
+    time.sleep(seconds)
+    return usage(start, snapshot()).get("other_cores")
+
+
+def wait_quiet_sync(max_wait_s: float) -> float | None:
+    """Block until other processes use under QUIET_CORES, or ``max_wait_s`` has passed."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        other = other_cores(0.5)
+        if other is None or other < QUIET_CORES or time.monotonic() >= deadline:
+            return other
+
+
+async def wait_quiet(max_wait_s: float, log: Callable[[str], None] | None = None) -> float | None:
+    """Wait (up to ``max_wait_s``) until other processes use under QUIET_CORES; returns their last usage."""
+    deadline = time.monotonic() + max_wait_s
+    warned = False
+    while True:
+        start = snapshot()
+        await asyncio.sleep(0.5)
+        other = usage(start, snapshot()).get("other_cores")
+        if other is None or other < QUIET_CORES or time.monotonic() >= deadline:
+            return other
+        if not warned and log is not None:
+            log(f"waiting for the machine to be quiet: other processes use {other:.2f} cores")
+            warned = True

@@ -1,0 +1,172 @@
+"""Fake workers (and libzmq's proxy) that isolate the cost of routing from the cost of the model.
+
+Modes (``python -m scripts.benchmarks.echo_worker MODE ...``):
+
+* ``broker``: speaks the worker side of broker/PROTOCOL.md to a real zbatch
+  broker. It answers each REQUEST with REPLY ok at once (payload = the
+  request's payload, or with ``--outputs vector`` a fixed 384-float vector per
+  input so the gateway can answer as for the real model). With
+  ``--batch-ms``, it simulates a model: after each sleep of
+  ``batch_ms + item_ms * items`` it takes everything pending, up to
+  ``--max-batch`` items, and "runs" it.
+* ``proxy``: ``zmq.proxy`` between a ROUTER frontend and a DEALER backend, the
+  libzmq built-in that any broker should be compared with.
+* ``proxy-worker``: a DEALER behind that proxy that turns each REQUEST into a
+  protocol REPLY, so the project's AsyncClient works unchanged against both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from broker import protocol
+from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
+
+VECTOR = np.random.default_rng(0).standard_normal(384).astype(np.float32)
+
+
+class EchoWorker:
+    """A worker for the real broker whose 'model' is free (or a fixed, simulated cost)."""
+
+    def __init__(self, args: argparse.Namespace, context: zmq.Context) -> None:
+        self.args = args
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.ROUTING_ID, args.name.encode())
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 100_000)
+        self.socket.connect(args.backend)
+        self.pending: deque[Request] = deque()
+        self.arrived = asyncio.Event()
+        self.counters = BatchCounters()
+        self._vectors: dict[int, bytes] = {}
+
+    def ready(self) -> list[bytes]:
+        info = ModelInfo(self.args.model, "echo", self.args.max_batch)
+        return protocol.encode_ready(Ready((info,), self.args.capacity, self.args.name, "", os.getpid(), "echo"))
+
+    def answer(self, request: Request) -> list[bytes]:
+        payload = request.payload
+        if self.args.outputs == "vector":
+            if request.items not in self._vectors:
+                self._vectors[request.items] = protocol.encode_payload({"outputs": [VECTOR] * request.items})
+            payload = self._vectors[request.items]
+        return protocol.encode_reply(Reply(request.request_id, Status.OK, "", payload))
+
+    def heartbeat(self) -> list[bytes]:
+        return protocol.encode_heartbeat(Heartbeat({self.args.model: self.counters}))
+
+    def run_instant(self) -> None:
+        """Blocking loop, like the proxy's echo worker, so routing is compared like for like."""
+        self.socket.send_multipart(self.ready())
+        next_beat = time.monotonic()
+        while True:
+            if time.monotonic() >= next_beat:
+                self.socket.send_multipart(self.heartbeat())
+                next_beat = time.monotonic() + 1.0
+            if not self.socket.poll(max(1, int((next_beat - time.monotonic()) * 1000))):
+                continue
+            message = protocol.decode_broker_to_worker(self.socket.recv_multipart())
+            if isinstance(message, Request):
+                self.counters = BatchCounters(self.counters.batches + 1, self.counters.items + message.items)
+                self.socket.send_multipart(self.answer(message))
+            elif isinstance(message, protocol.Disconnect):
+                self.socket.send_multipart(self.ready())
+
+    async def run_simulated(self) -> None:
+        await self.socket.send_multipart(self.ready())
+        self._tasks = [asyncio.create_task(self.heartbeats()), asyncio.create_task(self.simulate())]
+        while True:
+            message = protocol.decode_broker_to_worker(await self.socket.recv_multipart())
+            if isinstance(message, Request):
+                self.pending.append(message)
+                self.arrived.set()
+            elif isinstance(message, protocol.Disconnect):
+                await self.socket.send_multipart(self.ready())
+
+    async def heartbeats(self) -> None:
+        while True:
+            await self.socket.send_multipart(self.heartbeat())
+            await asyncio.sleep(1.0)
+
+    async def simulate(self) -> None:
+        """Naive batching: take all that waits (up to the cap), sleep for its 'compute', answer, repeat."""
+        while True:
+            await self.arrived.wait()
+            batch: list[Request] = []
+            items = 0
+            while self.pending and items + self.pending[0].items <= self.args.max_batch:
+                request = self.pending.popleft()
+                batch.append(request)
+                items += request.items
+            if not batch:  # one request larger than the cap runs alone
+                batch = [self.pending.popleft()]
+                items = batch[0].items
+            if not self.pending:
+                self.arrived.clear()
+            await asyncio.sleep((self.args.batch_ms + self.args.item_ms * items) / 1000)
+            self.counters = BatchCounters(self.counters.batches + 1, self.counters.items + items)
+            for request in batch:
+                await self.socket.send_multipart(self.answer(request))
+
+
+def run_proxy(frontend: str, backend: str) -> None:
+    """libzmq's ROUTER<->DEALER proxy: no admission, no credit, no deadlines, round-robin."""
+    context = zmq.Context()
+    front, back = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    for sock in (front, back):
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.LINGER, 0)
+    front.bind(frontend)
+    back.bind(backend)
+    zmq.proxy(front, back)
+
+
+def run_proxy_worker(backend: str) -> None:
+    """Answer [client id, REQUEST...] from the proxy with [client id, REPLY...], echoing the payload."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.connect(backend)
+    while True:
+        client, *frames = sock.recv_multipart()
+        message = protocol.decode_client_message(frames)
+        if isinstance(message, Request):
+            reply = Reply(message.request_id, Status.OK, "", message.payload)
+            sock.send_multipart([client, *protocol.encode_reply(reply)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("broker", "proxy", "proxy-worker"))
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--frontend", default="")
+    parser.add_argument("--name", default=f"echo-{os.getpid()}")
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--capacity", type=int, default=1024)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--batch-ms", type=float, default=0.0)
+    parser.add_argument("--item-ms", type=float, default=0.0)
+    parser.add_argument("--outputs", choices=("echo", "vector"), default="echo")
+    args = parser.parse_args()
+    if args.mode == "proxy":
+        run_proxy(args.frontend, args.backend)
+    elif args.mode == "proxy-worker":
+        run_proxy_worker(args.backend)
+    elif args.batch_ms > 0:
+        asyncio.run(EchoWorker(args, zmq.asyncio.Context()).run_simulated())
+    else:
+        EchoWorker(args, zmq.Context()).run_instant()
+
+
+if __name__ == "__main__":
+    main()

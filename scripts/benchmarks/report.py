@@ -1,0 +1,216 @@
+"""Turn result rows into ratios, a Markdown table, BENCHMARKS.md and bench-results.json.
+
+Ratios compare rows of the same run only: on a shared 2-core machine the
+absolute numbers drift from run to run, their ratios much less.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched",
+              "routing", "gateway", "overload", "scale")
+NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
+COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
+
+
+def _find(rows: list[dict[str, Any]], case: str, system: str | None = None,
+          concurrency: Any = None) -> dict[str, Any] | None:
+    for r in rows:
+        if r["case"] == case and system in (None, r["system"]) and concurrency in (None, r["concurrency"]):
+            return r
+    return None
+
+
+def _times(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _ratio_text(value: float | None, what: str) -> str | None:
+    return None if value is None else f"{value:.2f}× {what}"
+
+
+def _added(r: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
+    if ref is None or r["p50_ms"] is None or ref["p50_ms"] is None:
+        return None
+    return f"{r['p50_ms'] - ref['p50_ms']:+.2f} ms p50"
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Fill each row's ``ratio`` against its reference in the same run (see COLUMNS' last column)."""
+    ceiling = _find(rows, "limit", "direct, batch 32")
+    top = ceiling["texts_s"] if ceiling else None
+    for r in rows:
+        case, c = r["case"], r["concurrency"]
+        parts: list[str | None] = []
+        if case == "limit" and r is not ceiling:
+            parts.append(_ratio_text(_times(r["texts_s"], top), "batch 32"))
+        elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched"):
+            parts.append(_ratio_text(_times(r["texts_s"], top), "limit b32"))
+            if case == "zbatch-http":
+                batched = _find(rows, "baseline-batched", concurrency=c)
+                parts.append(_ratio_text(_times(r["texts_s"], batched["texts_s"] if batched else None), "batched"))
+            if case == "zbatch-zmq":
+                http = _find(rows, "zbatch-http", concurrency=c)
+                parts.append(_ratio_text(_times(r["texts_s"], http["texts_s"] if http else None), "http"))
+        elif case in ("routing", "gateway"):
+            ref = _find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
+            if ref is not None and ref is not r:
+                name = "proxy" if case == "routing" else "bare"
+                parts += [_ratio_text(_times(r["req_s"], ref["req_s"]), name), _added(r, ref)]
+        elif case == "overload":
+            parts.append(_ratio_text(_times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
+        elif case == "scale":
+            one = _find(rows, "scale", "1 simulated worker")
+            n = r["detail"]["workers"]
+            if one is not None and n > 1:
+                parts.append(_ratio_text(_times(r["req_s"], one["req_s"] and n * one["req_s"]), f"{n}×(N=1)"))
+            parts.append(_ratio_text(_times(r["req_s"], r["detail"]["ideal_req_s"]), "ideal"))
+        r["ratio"] = " · ".join(p for p in parts if p)
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _errors(r: dict[str, Any]) -> str:
+    """Errors, or a loud note when nothing finished inside the window (the system stalled)."""
+    late = r["detail"].get("late") or 0
+    if not r["detail"].get("requests") and late:
+        return f"**stalled: {late} answered after the window**"
+    return str(r["errors"])
+
+
+def _noise(r: dict[str, Any]) -> str:
+    other = r.get("other_cores")
+    if other is None:
+        return "–"
+    return f"**{other:.2f}**" if other >= NOISY_CORES else f"{other:.2f}"
+
+
+def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: CASE_ORDER.index(r["case"]) if r["case"] in CASE_ORDER else 99)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in sorted_rows(rows):
+        cells = [r["case"], r["system"], str(r["concurrency"]), _number(r["req_s"]), _number(r["texts_s"]),
+                 _number(r["p50_ms"]), _number(r["p99_ms"]), _errors(r), r["ratio"], _noise(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on, without importing torch into the load generator."""
+    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    mem_kb = next((int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal")), 0)
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    import zmq
+
+    return {"cpu": models[0] if models else platform.processor() or "unknown", "cpus_listed": len(models),
+            "nproc": len(os.sched_getaffinity(0)), "memory_gib": round(mem_kb / 2**20, 1),
+            "kernel": platform.release(), "python": platform.python_version(), "torch": version("torch"),
+            "transformers": version("transformers"), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
+            "aiohttp": version("aiohttp")}
+
+
+def _overload(over: dict[str, Any]) -> list[str]:
+    d = over["detail"]
+    accepted = d["all_latency_by_status"].get("ok", {})
+    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(d["all_statuses"].items()))
+    intro = (f"Offered {d['offered_rate']:.0f} req/s ({d['factor']:.0f}× the {d['capacity_req_s']:.0f} req/s "
+             f"measured at concurrency 32) for {d['duration_s']:.0f} s, Poisson arrivals, open loop; "
+             "requests still unanswered a grace period later count as unanswered.")
+    cells = [str(d["sent"]), str(d["answered"]), str(d["unanswered"]), _number(d["req_s"]),
+             f"{_number(accepted.get('p50_ms'))} / {_number(accepted.get('p99_ms'))}", _number(d["p99_503_ms"]),
+             statuses]
+    return ["", "### Overload", "", intro, "",
+            "| sent | answered | unanswered | goodput req/s | accepted p50 / p99 ms | 503 p99 ms | statuses |",
+            "|---|---|---|---|---|---|---|", "| " + " | ".join(cells) + " |"]
+
+
+def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
+    out = ["", "### Batches the worker ran", "",
+           "From the worker's debug log (warm-up included); model ms is the worker's own time per batch.", "",
+           "| case | concurrency | batches | mean size | mean model ms | sizes (size: count) |",
+           "|---|---|---|---|---|---|"]
+    for r in batch_rows:
+        b = r["detail"]["worker_batches"]
+        hist = ", ".join(f"{k}: {v}" for k, v in b["histogram"].items())
+        out.append(f"| {r['case']} | {r['concurrency']} | {b['batches']} | {b['mean_size']:.1f} | "
+                   f"{b['mean_batch_ms']:.1f} | {hist} |")
+    return out
+
+
+CASE_NOTES = """
+## Cases
+
+* **limit**: the model called directly in one process, 2 torch threads, texts in seeded random order.
+* **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
+  closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
+* **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
+  and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the worker.
+* **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load.
+* **gateway**: gateway + broker + echo workers (384-float outputs) vs a bare aiohttp handler answering
+  the same bytes.
+* **overload**: open loop at 4× the capacity measured by zbatch-http at concurrency 32.
+* **scale**: N simulated workers (5 ms + 0.2 ms per item per batch of at most 32) behind one broker.
+"""
+
+RATIO_NOTE = (
+    "ratio: `limit b32` = texts/s over the model alone at batch 32; `batched` = over baseline-batched at the "
+    "same concurrency; `http` = over zbatch-http; `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, "
+    "with the added p50 latency; `capacity` = goodput over the measured capacity; scale: over N times one "
+    "worker, and over the simulated workers' ideal. other cpu: cores used by processes outside this "
+    f"benchmark during the measurement (bold from {NOISY_CORES}: that row was disturbed)."
+)
+
+
+def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, quick: bool, charts: list[str],
+             failed: list[str]) -> str:
+    m = info
+    when = time.strftime("%Y-%m-%d %H:%M %Z")
+    header = f"Command: `{command}` ({when})." + (" **Quick run: a smoke test, the numbers are rough.**"
+                                                  if quick else "")
+    machine_line = (
+        f"Machine: {m['cpu']}, {m['nproc']} CPU(s) available (nproc), {m['memory_gib']} GiB, "
+        f"Linux {m['kernel']}, Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+        f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), aiohttp {m['aiohttp']}. Everything, load generator "
+        "included, shares these cores over loopback: read the ratios, which compare rows of this same run."
+    )
+    lines = ["# Benchmarks", "", header, "", machine_line, "", table(rows), "", RATIO_NOTE]
+    if failed:
+        lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
+    over = _find(rows, "overload")
+    if over is not None:
+        lines += _overload(over)
+    batch_rows = [r for r in sorted_rows(rows) if r["detail"].get("worker_batches")]
+    if batch_rows:
+        lines += _batches(batch_rows)
+    if charts:
+        lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
+    return "\n".join(lines) + "\n" + CASE_NOTES
+
+
+def write_json(path: Path, rows: list[dict[str, Any]], info: dict[str, Any], command: str, settings: Any,
+               failed: list[str]) -> None:
+    data = {"command": command, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info, "failed": failed,
+            "settings": settings, "rows": sorted_rows(rows)}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
