@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from broker import protocol
-from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
+from broker.protocol import BatchCounters, Cancel, Heartbeat, ModelInfo, ProtocolError, Ready, Reply, Request, Status
 
 RID = b"\x00\x00\x00\x01"
 
@@ -24,3 +24,13 @@ EXAMPLES: dict[str, list[bytes]] = {
     "cancel": protocol.encode_cancel(RID),
     "stats": protocol.encode_stats_query(RID),
 }
+
+
+def expected_replies(frames: list[bytes]) -> int:
+    """Each client message that carries a usable id is answered once, except a valid CANCEL."""
+    if protocol.request_id_of(frames) is None:
+        return 0
+    try:
+        return 0 if isinstance(protocol.decode_client_message(frames), Cancel) else 1
+    except ProtocolError:
+        return 1

@@ -18,8 +18,8 @@ import pytest
 import zmq
 
 from broker import protocol
-from broker.protocol import Cancel, Command, ModelInfo, ProtocolError, Ready, Reply, Request, Status
-from tests.broker.protocol_examples import EXAMPLES
+from broker.protocol import Command, ModelInfo, Ready, Reply, Request, Status
+from tests.broker.protocol_examples import EXAMPLES, expected_replies
 from tests.daemons import Daemon, broker_stats, start_broker, wait_until
 
 MODEL = "m"
@@ -179,15 +179,6 @@ def mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
     return frames or [b""]
 
 
-def expected_answers(frames: list[bytes]) -> int:
-    if protocol.request_id_of(frames) is None:
-        return 0
-    try:
-        return 0 if isinstance(protocol.decode_client_message(frames), Cancel) else 1
-    except ProtocolError:
-        return 1
-
-
 HOSTILE_MESSAGES = 1500
 
 
@@ -207,7 +198,7 @@ def test_mutated_traffic_on_both_sockets_is_answered_once_per_request(
             which = rng.randrange(3)
             if protocol.request_id_of(frames) is not None:
                 frames[1] = b"m%d" % number  # unique ids: each answer names its message
-                expected[(which, frames[1])] += expected_answers(frames)
+                expected[(which, frames[1])] += expected_replies(frames)
             clients[which].send_multipart(frames)
             rng.choice(workers).send_multipart(mutate(rng, rng.choice(valid)))
         expected = +expected

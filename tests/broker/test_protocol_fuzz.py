@@ -38,7 +38,7 @@ from broker.protocol import (
     StatsQuery,
     Status,
 )
-from tests.broker.protocol_examples import EXAMPLES
+from tests.broker.protocol_examples import EXAMPLES, expected_replies
 
 FUZZ = settings(
     derandomize=True,
@@ -235,16 +235,6 @@ traffic = st.lists(st.tuples(st.sampled_from((Peer.CLIENT, Peer.WORKER)), st.sam
                              messages, st.booleans()), max_size=12)
 
 
-def _expected_replies(frames: list[bytes]) -> int:
-    """Each client message that carries a usable id is answered once, except a valid CANCEL."""
-    if protocol.request_id_of(frames) is None:
-        return 0
-    try:
-        return 0 if isinstance(protocol.decode_client_message(frames), Cancel) else 1
-    except ProtocolError:
-        return 1
-
-
 def _answer_held_jobs(core: BrokerCore, sent: list[tuple[Peer, bytes, list[bytes]]]) -> None:
     """The well-behaved worker answers every request the broker sent it."""
     for peer, identity, frames in sent:
@@ -269,7 +259,7 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
         elif protocol.request_id_of(frames) is not None:
             # Ids are made unique per message, so each answer can be matched to its message.
             frames[1] = b"id-%d" % number
-            expected[(identity, frames[1])] += _expected_replies(frames)
+            expected[(identity, frames[1])] += expected_replies(frames)
             core.client_message(identity, frames)
         else:
             core.client_message(identity, frames)
