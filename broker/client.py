@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.curve import CurveKeys
 from broker.protocol import Reply, Request, Status
 
@@ -151,7 +151,7 @@ class AsyncClient:
         broker's ``retry_after_ms`` or an exponential backoff, whichever is longer.
         """
         try:
-            payload = protocol.encode_payload({"inputs": inputs, "parameters": parameters or {}})
+            payload = payloads.encode_payload({"inputs": inputs, "parameters": parameters or {}})
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
         for attempt in itertools.count():
@@ -163,7 +163,7 @@ class AsyncClient:
             await asyncio.sleep(max(backoff_ms, reply.retry_after_ms or 0) / 1000)
         raise_for_status(reply)
         try:
-            outputs = protocol.decode_payload(reply.payload)["outputs"]
+            outputs = payloads.decode_payload(reply.payload)["outputs"]
         except (protocol.ProtocolError, KeyError, TypeError) as exc:
             raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
         return list(outputs)
@@ -193,7 +193,7 @@ class AsyncClient:
         request_id = self._new_id()
         reply = await self._exchange(request_id, protocol.encode_stats_query(request_id), timeout_ms)
         raise_for_status(reply)
-        stats: dict[str, Any] = protocol.decode_payload(reply.payload)
+        stats: dict[str, Any] = payloads.decode_payload(reply.payload)
         return stats
 
     async def close(self) -> None:

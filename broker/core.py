@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.config import BrokerConfig
 from broker.protocol import (
     NORMAL_PRIORITY,
@@ -125,7 +125,7 @@ class BrokerCore:
         elif isinstance(message, Cancel):
             self._cancel(client, message.request_id)
         elif isinstance(message, StatsQuery):
-            payload = protocol.encode_payload(self.stats())
+            payload = payloads.encode_payload(self.stats())
             self._send_client(client, Reply(message.request_id, Status.OK, "", payload))
 
     def worker_message(self, identity: bytes, frames: list[bytes]) -> None:

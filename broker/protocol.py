@@ -21,22 +21,19 @@ Decoding is strict: anything that does not match the schema raises
 :class:`ProtocolError`, the only exception the decoders raise, so callers can
 answer "bad request" or drop the message without ever crashing.
 
-Arrays inside payloads are msgpack extension type 1 (:data:`NDARRAY_EXT`):
-raw little-endian bytes plus dtype and shape, never lists of floats.
+The payload codec (numpy arrays as raw little-endian bytes) is
+:mod:`broker.payloads`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import re
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
-import numpy as np
 
 SIGNATURE: Final = b"ZB"
 VERSION: Final = 1
@@ -47,13 +44,9 @@ MAX_NAME_CHARS: Final = 128
 MAX_META_BYTES: Final = 64 * 1024
 MAX_META_ITEMS: Final = 1024  # entries of any list or map in a meta frame (a worker's models, ...)
 MAX_TEXT_CHARS: Final = 256  # a worker's name, host and device, for display
-MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
-NDARRAY_EXT: Final = 1
 MAX_SHOWN_CHARS: Final = 40  # of an input quoted in an error text
 MAX_NAMED_FIELDS: Final = 5
-MAX_NDIM: Final = 32
 # Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
-NDARRAY_DTYPE: Final = re.compile(r"[<|][biuf][0-9]{1,2}")
 
 
 class ProtocolError(ValueError):
@@ -184,7 +177,8 @@ BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain
 # --------------------------------------------------------------------------
 
 
-def _pack(value: Any) -> bytes:
+def pack(value: Any) -> bytes:
+    """msgpack as every meta frame is written (binary stays binary)."""
     return msgpack.packb(value, use_bin_type=True)
 
 
@@ -196,14 +190,14 @@ def encode_request(request: Request) -> list[bytes]:
         meta["priority"] = request.priority
     if request.trace:
         meta["trace"] = request.trace
-    return [HEADERS[Command.REQUEST], request.request_id, _pack(meta), request.payload]
+    return [HEADERS[Command.REQUEST], request.request_id, pack(meta), request.payload]
 
 
 def encode_reply(reply: Reply) -> list[bytes]:
     meta: dict[str, Any] = {"status": reply.status.value, "message": reply.message}
     if reply.retry_after_ms is not None:
         meta["retry_after_ms"] = reply.retry_after_ms
-    return [HEADERS[Command.REPLY], reply.request_id, _pack(meta), reply.payload]
+    return [HEADERS[Command.REPLY], reply.request_id, pack(meta), reply.payload]
 
 
 def encode_ready(ready: Ready) -> list[bytes]:
@@ -218,18 +212,18 @@ def encode_ready(ready: Ready) -> list[bytes]:
         "pid": ready.pid,
         "device": ready.device,
     }
-    return [HEADERS[Command.READY], _pack(meta)]
+    return [HEADERS[Command.READY], pack(meta)]
 
 
 def encode_heartbeat(heartbeat: Heartbeat | None = None) -> list[bytes]:
     if heartbeat is None or not heartbeat.batches:
         return [HEADERS[Command.HEARTBEAT]]
     batches = {name: dataclasses.asdict(c) for name, c in heartbeat.batches.items()}
-    return [HEADERS[Command.HEARTBEAT], _pack({"batches": batches})]
+    return [HEADERS[Command.HEARTBEAT], pack({"batches": batches})]
 
 
 def encode_disconnect(reason: str = "") -> list[bytes]:
-    return [HEADERS[Command.DISCONNECT], _pack({"reason": reason})]
+    return [HEADERS[Command.DISCONNECT], pack({"reason": reason})]
 
 
 def encode_drain() -> list[bytes]:
@@ -327,7 +321,7 @@ def decode_reply(frames: list[bytes]) -> Reply:
     try:
         status = Status(raw_status)
     except ValueError:
-        raise ProtocolError(f"unknown status {_shortened(repr(raw_status))}") from None
+        raise ProtocolError(f"unknown status {shortened(repr(raw_status))}") from None
     retry_after = _optional(meta, "retry_after_ms", int)
     if retry_after is not None and retry_after < 0:
         raise ProtocolError("retry_after_ms must not be negative")
@@ -483,7 +477,7 @@ def _unpack_meta(frame: bytes) -> dict[Any, Any]:
     return meta
 
 
-def _shortened(text: str) -> str:
+def shortened(text: str) -> str:
     """A piece of the input for an error text: the text goes back to the sender and into logs, so it is short."""
     return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
 
@@ -495,7 +489,7 @@ def _no_extension(code: int, data: bytes) -> Any:
 def _only_keys(meta: dict[Any, Any], allowed: AbstractSet[str]) -> None:
     unknown = set(meta) - allowed
     if unknown:
-        named = ", ".join(_shortened(key) for key in sorted(map(str, unknown))[:MAX_NAMED_FIELDS])
+        named = ", ".join(shortened(key) for key in sorted(map(str, unknown))[:MAX_NAMED_FIELDS])
         more = f" and {len(unknown) - MAX_NAMED_FIELDS} more" if len(unknown) > MAX_NAMED_FIELDS else ""
         raise ProtocolError(f"unknown field(s): {named}{more}")
 
@@ -515,71 +509,3 @@ def _typed(meta: dict[Any, Any], key: str, kind: type) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ProtocolError(f"field {key!r} must be of type {kind.__name__}")
     return value
-
-
-# --------------------------------------------------------------------------
-# Payloads (between clients and workers; the broker never calls these)
-# --------------------------------------------------------------------------
-
-
-def _encode_extension(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        if array.dtype.kind not in "biuf":
-            raise TypeError(f"arrays of dtype {array.dtype} cannot be sent; use numbers")
-        body = _pack([array.dtype.str, list(array.shape), array.tobytes()])
-        return msgpack.ExtType(NDARRAY_EXT, body)
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot encode {type(value).__name__} in a payload")
-
-
-def _decode_extension(code: int, data: bytes) -> np.ndarray:
-    if code != NDARRAY_EXT:
-        raise ProtocolError(f"unknown msgpack extension type {code}")
-    try:
-        parts = msgpack.unpackb(data, raw=False, max_str_len=8, max_bin_len=len(data), max_ext_len=0,
-                                max_array_len=MAX_NDIM, max_map_len=0)
-    except Exception:
-        raise ProtocolError("malformed ndarray extension") from None
-    if not (isinstance(parts, list) and len(parts) == 3):
-        raise ProtocolError("an ndarray extension must hold [dtype, shape, data]")
-    dtype_str, shape, raw = parts
-    if not (isinstance(dtype_str, str) and NDARRAY_DTYPE.fullmatch(dtype_str)):
-        raise ProtocolError(f"ndarray dtype {_shortened(repr(dtype_str))} is not a little-endian number type")
-    try:
-        dtype = np.dtype(dtype_str)
-    except TypeError:
-        raise ProtocolError(f"ndarray dtype {dtype_str!r} is not a numpy type") from None
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError("ndarray shape must be a list of non-negative integers")
-    # Python integers: a product of huge dimensions must not wrap around and match by accident.
-    if not isinstance(raw, bytes) or math.prod(shape) * dtype.itemsize != len(raw):
-        raise ProtocolError("ndarray data length does not match its dtype and shape")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def encode_payload(value: Any) -> bytes:
-    """msgpack with numpy arrays as raw little-endian bytes (extension type 1)."""
-    return msgpack.packb(value, use_bin_type=True, default=_encode_extension)
-
-
-def decode_payload(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
-    """Inverse of :func:`encode_payload`; arrays come back as read-only numpy views.
-
-    ``max_bytes`` bounds the payload and every string, list, map and extension in it.
-    """
-    if len(data) > max_bytes:
-        raise ProtocolError(f"payload larger than {max_bytes} bytes")
-    try:
-        return msgpack.unpackb(
-            data, raw=False, ext_hook=_decode_extension, strict_map_key=False,
-            max_str_len=max_bytes, max_bin_len=max_bytes, max_ext_len=max_bytes,
-            max_array_len=max_bytes, max_map_len=max_bytes // 2,
-        )
-    except ProtocolError:
-        raise
-    except Exception as exc:
-        raise ProtocolError(f"payload is not valid msgpack ({type(exc).__name__})") from None

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker import protocol
+from broker import payloads
 from broker.protocol import Reply, Status
 
 log = logging.getLogger("zbatch.worker")
@@ -131,7 +131,7 @@ class Assembler:
             request.outputs[item.index] = outcome
             request.done_items += 1
             if request.done_items == len(request.inputs):
-                payload = protocol.encode_payload({"outputs": request.outputs})
+                payload = payloads.encode_payload({"outputs": request.outputs})
                 replies.append(self._finish(request, Status.OK, "", payload))
         return replies
 

@@ -30,7 +30,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.curve import client_keys
 from broker.metrics import start_metrics
 from broker.protocol import (
@@ -254,7 +254,7 @@ async def _wait(event: asyncio.Event, until: float) -> bool:
 def parse_payload(request: Request) -> tuple[list[Any], dict[str, Any]]:
     """The request's inputs and parameters; ValueError says what is wrong with them."""
     try:
-        body = protocol.decode_payload(request.payload)
+        body = payloads.decode_payload(request.payload)
     except ProtocolError as exc:
         raise ValueError(f"payload: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):

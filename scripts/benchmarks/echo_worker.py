@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
 
 VECTOR = np.random.default_rng(0).standard_normal(384).astype(np.float32)
@@ -56,7 +56,7 @@ class EchoWorker:
         payload = request.payload
         if self.args.outputs == "vector":
             if request.items not in self._vectors:
-                self._vectors[request.items] = protocol.encode_payload({"outputs": [VECTOR] * request.items})
+                self._vectors[request.items] = payloads.encode_payload({"outputs": [VECTOR] * request.items})
             payload = self._vectors[request.items]
         return protocol.encode_reply(Reply(request.request_id, Status.OK, "", payload))
 

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from broker import protocol
+from broker import payloads
 from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import cpu
 from scripts.benchmarks.procs import log
@@ -234,7 +234,7 @@ def zmq_infer_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
 
 def zmq_raw_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
     """Pre-encoded payloads and no decoding, so routing benchmarks measure routing, not msgpack."""
-    payloads = itertools.cycle([protocol.encode_payload({"inputs": [t], "parameters": {}}) for t in texts])
+    payloads = itertools.cycle([payloads.encode_payload({"inputs": [t], "parameters": {}}) for t in texts])
 
     async def call() -> str:
         try:

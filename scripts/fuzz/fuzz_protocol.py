@@ -21,7 +21,7 @@ import atheris
 
 # Only zbatch's own code is instrumented: numpy and friends would make the start slow and the coverage noisy.
 with atheris.instrument_imports(include=["broker"]):
-    from broker import protocol
+    from broker import payloads, protocol
     from broker.config import BrokerConfig
     from broker.core import BrokerCore
     from broker.protocol import ModelInfo, ProtocolError, Ready
@@ -50,7 +50,7 @@ def test_one_input(data: bytes) -> None:
             pass
     for frame in frames:
         try:
-            protocol.decode_payload(frame)
+            payloads.decode_payload(frame)
         except ProtocolError:
             pass
     clock = Clock()

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.protocol import BatchCounters, Cancel, Heartbeat, ModelInfo, ProtocolError, Ready, Reply, Request, Status
 
 RID = b"\x00\x00\x00\x01"
 
 EXAMPLES: dict[str, list[bytes]] = {
     "request": protocol.encode_request(
-        Request(RID, "m", 1, protocol.encode_payload({"inputs": ["hi"], "parameters": {}}), 500)),
+        Request(RID, "m", 1, payloads.encode_payload({"inputs": ["hi"], "parameters": {}}), 500)),
     "request-high-priority": protocol.encode_request(Request(RID, "m", 1, b"", None, 0, "abc")),
     "reply-ok": protocol.encode_reply(
-        Reply(RID, Status.OK, "", protocol.encode_payload({"outputs": [np.array([0.5, -1.0], dtype="<f4")]}))),
+        Reply(RID, Status.OK, "", payloads.encode_payload({"outputs": [np.array([0.5, -1.0], dtype="<f4")]}))),
     "reply-overloaded": protocol.encode_reply(Reply(RID, Status.OVERLOADED, "full", b"", 1000)),
     "ready": protocol.encode_ready(Ready((ModelInfo("m", "embeddings", 32),), 64, "w0", "h", 7, "cpu")),
     "heartbeat": protocol.encode_heartbeat(),

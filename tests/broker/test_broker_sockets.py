@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.client import AsyncClient, DeadlineExceeded, Overloaded, UnknownModel
 from broker.protocol import Status
 from tests.daemons import Daemon, broker_stats, start_broker, start_worker, wait_until
@@ -115,7 +115,7 @@ def test_malformed_frames_from_a_raw_dealer_never_hurt_the_broker(stack: dict[st
             [b"ZB\x07\x02", b"wrong-version", b"", b""],
             [b"ZB\x01\x02", b"bad-meta", b"\xc1\xc1", b"payload"],
             [b"ZB\x01\x01", b"worker-command"],
-            [b"ZB\x01\x02", b"neg-items", protocol._pack({"model": MODEL, "items": -3}), b""],
+            [b"ZB\x01\x02", b"neg-items", protocol.pack({"model": MODEL, "items": -3}), b""],
         ]
         for frames in hostile:
             dealer.send_multipart(frames)
@@ -130,7 +130,7 @@ def test_malformed_frames_from_a_raw_dealer_never_hurt_the_broker(stack: dict[st
             b"worker-command": Status.BAD_REQUEST,
             b"neg-items": Status.BAD_REQUEST,
         }
-        good = protocol.encode_payload({"inputs": ["still fine"], "parameters": {}})
+        good = payloads.encode_payload({"inputs": ["still fine"], "parameters": {}})
         dealer.send_multipart(protocol.encode_request(protocol.Request(b"good", MODEL, 1, good)))
         reply = protocol.decode_reply(dealer.recv_multipart())
         assert (reply.request_id, reply.status) == (b"good", Status.OK)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import protocol
+from broker import payloads, protocol
 from tests.broker.protocol_examples import EXAMPLES
 
 DOCUMENT = (Path(__file__).resolve().parents[2] / "broker" / "PROTOCOL.md").read_text()
@@ -46,5 +46,5 @@ def test_documented_bytes_decode(name: str) -> None:
 
 
 def test_the_documented_array_payload_decodes_to_the_array() -> None:
-    outputs = protocol.decode_payload(documented()["reply-ok"][3])["outputs"]
+    outputs = payloads.decode_payload(documented()["reply-ok"][3])["outputs"]
     assert outputs[0].tolist() == [0.5, -1.0] and outputs[0].dtype.str == "<f4"

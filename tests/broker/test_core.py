@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
 from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
@@ -324,7 +324,7 @@ def test_stats_report_batches_from_heartbeats(clock: FakeClock) -> None:
     core.worker_message(b"W1", protocol.encode_heartbeat(Heartbeat({MODEL: BatchCounters(2, 7)})))
     core.client_message(b"C", protocol.encode_stats_query(b"s"))
     [reply] = client_replies(take(core))
-    stats = protocol.decode_payload(reply.payload)
+    stats = payloads.decode_payload(reply.payload)
     model = stats["models"][MODEL]
     assert (model["batches"], model["batched_items"], model["mean_batch_size"]) == (2, 7, 3.5)
     assert stats["workers"][0]["free_credit"] == 4

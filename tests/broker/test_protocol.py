@@ -6,7 +6,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.protocol import (
     BatchCounters,
     Cancel,
@@ -109,13 +109,13 @@ def test_request_id_is_recovered_from_malformed_messages() -> None:
 
 def test_payload_arrays_travel_as_little_endian_bytes() -> None:
     matrix = np.arange(12, dtype=np.float32).reshape(3, 4)
-    encoded = protocol.encode_payload({"outputs": [matrix, np.int64(7), "text"]})
+    encoded = payloads.encode_payload({"outputs": [matrix, np.int64(7), "text"]})
     assert matrix.tobytes() in encoded  # raw bytes, not a list of floats
-    decoded = protocol.decode_payload(encoded)["outputs"]
+    decoded = payloads.decode_payload(encoded)["outputs"]
     np.testing.assert_array_equal(decoded[0], matrix)
     assert decoded[0].dtype == np.float32 and decoded[1:] == [7, "text"]
     big_endian = np.arange(3, dtype=">f8")
-    np.testing.assert_array_equal(protocol.decode_payload(protocol.encode_payload(big_endian)), big_endian)
+    np.testing.assert_array_equal(payloads.decode_payload(payloads.encode_payload(big_endian)), big_endian)
 
 
 @pytest.mark.parametrize(
@@ -130,14 +130,14 @@ def test_payload_arrays_travel_as_little_endian_bytes() -> None:
 )
 def test_payload_rejects_bad_extensions(ext: msgpack.ExtType) -> None:
     with pytest.raises(ProtocolError):
-        protocol.decode_payload(msgpack.packb({"outputs": [ext]}))
+        payloads.decode_payload(msgpack.packb({"outputs": [ext]}))
 
 
 def test_payload_rejects_garbage_and_oversize() -> None:
     with pytest.raises(ProtocolError, match="not valid msgpack"):
-        protocol.decode_payload(b"\xc1\xc1")
+        payloads.decode_payload(b"\xc1\xc1")
     with pytest.raises(ProtocolError, match="larger than"):
-        protocol.decode_payload(b"\x00" * 11, max_bytes=10)
+        payloads.decode_payload(b"\x00" * 11, max_bytes=10)
 
 
 def test_priority_and_trace_are_optional_and_checked() -> None:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
 from broker.protocol import (
@@ -210,13 +210,13 @@ def test_decoders_raise_only_protocol_errors_and_accept_only_what_they_can_encod
         if message is not None and not isinstance(message, Command):
             assert decode(ENCODERS[type(message)](message)) == message
     for payload in frames:
-        _only_protocol_errors(functools.partial(protocol.decode_payload, payload))
+        _only_protocol_errors(functools.partial(payloads.decode_payload, payload))
 
 
 @FUZZ_PAYLOAD
 @given(packed)
 def test_payload_decoder_raises_only_protocol_errors(payload: bytes) -> None:
-    _only_protocol_errors(functools.partial(protocol.decode_payload, payload))
+    _only_protocol_errors(functools.partial(payloads.decode_payload, payload))
 
 
 class FakeClock:
@@ -335,7 +335,7 @@ def test_schema_rejects(frames: list[bytes], complaint: str) -> None:
 ])
 def test_payload_arrays_are_checked_before_numpy_sees_them(payload: bytes, complaint: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        protocol.decode_payload(payload)
+        payloads.decode_payload(payload)
     assert complaint in str(info.value)
 
 
@@ -353,6 +353,6 @@ def test_complaints_stay_short_whatever_the_input(frames: list[bytes]) -> None:
 
 
 def test_payload_limits_follow_max_bytes() -> None:
-    assert protocol.decode_payload(_packb({"inputs": ["x" * 100]}), max_bytes=200) == {"inputs": ["x" * 100]}
+    assert payloads.decode_payload(_packb({"inputs": ["x" * 100]}), max_bytes=200) == {"inputs": ["x" * 100]}
     with pytest.raises(ProtocolError, match="larger than 50 bytes"):
-        protocol.decode_payload(_packb({"inputs": ["x" * 100]}), max_bytes=50)
+        payloads.decode_payload(_packb({"inputs": ["x" * 100]}), max_bytes=50)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from broker import protocol
+from broker import payloads, protocol
 from broker.protocol import Reply, Status
 from tests.daemons import Daemon, broker_stats, free_port, start_broker, wait_until
 from tests.gateway.conftest import Gateway, Response, spawn_gateway
@@ -176,7 +176,7 @@ class JunkBroker:
         self._thread.start()
 
     def _serve(self) -> None:
-        junk = protocol.encode_payload({"outputs": ["not a number"]})
+        junk = payloads.encode_payload({"outputs": ["not a number"]})
         while not self._stop.is_set():
             if not self._socket.poll(50):
                 continue

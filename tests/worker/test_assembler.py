@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker import protocol
+from broker import payloads
 from broker.protocol import Status
 from worker.assembler import Assembler, ItemFailure, PendingRequest
 
@@ -35,7 +35,7 @@ def test_reply_when_the_last_item_is_done_with_outputs_in_order() -> None:
     assert a.complete(second, ["out-2"]) == []
     [reply] = a.complete(first, ["out-0", "out-1"])
     assert reply.status is Status.OK
-    assert protocol.decode_payload(reply.payload) == {"outputs": ["out-0", "out-1", "out-2"]}
+    assert payloads.decode_payload(reply.payload) == {"outputs": ["out-0", "out-1", "out-2"]}
     assert len(a) == 0
 
 
