@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from broker.settings import parse_entries
+
 LIMIT_KEYS = ("max_backlog", "timeout_ms", "max_timeout_ms")
 
 
@@ -21,12 +23,11 @@ class ModelLimits:
 def parse_model_limits(text: str, defaults: ModelLimits) -> dict[str, ModelLimits]:
     """Model name -> its limits; ValueError names the entry and what is wrong with it."""
     limits: dict[str, ModelLimits] = {}
-    for entry in filter(None, (part.strip() for part in text.split(";"))):
-        fields = dict(pair.partition("=")[::2] for pair in entry.split(","))
-        fields = {key.strip(): value.strip() for key, value in fields.items()}
+    for entry in parse_entries(text, ("name", *LIMIT_KEYS), "model limits"):
+        fields = dict(entry)
         name = fields.pop("name", "")
-        if not name or not fields or not set(fields) <= set(LIMIT_KEYS):
-            raise ValueError(f"{entry!r}: expected name=MODEL plus any of {', '.join(LIMIT_KEYS)}")
+        if not name or not fields:
+            raise ValueError(f"model limits {entry}: expected name=MODEL plus any of {', '.join(LIMIT_KEYS)}")
         try:
             values = {key: int(value) for key, value in fields.items()}
         except ValueError:

@@ -17,7 +17,7 @@ import dataclasses
 import os
 import tomllib
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 ConfigT = TypeVar("ConfigT")
@@ -209,3 +209,20 @@ def check_endpoint(value: str) -> str | None:
     if not sep or not address or transport not in ("tcp", "ipc", "inproc", "ws", "wss"):
         return "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or ipc:///run/zbatch/broker"
     return None
+
+
+def parse_entries(text: str, keys: Collection[str], what: str) -> list[dict[str, str]]:
+    """``a=1,b=2;a=3`` -> ``[{"a": "1", "b": "2"}, {"a": "3"}]``, for settings that list several things.
+
+    ValueError names the bad entry (``what`` says what an entry is) and the keys allowed.
+    """
+    entries = []
+    for entry in filter(None, (part.strip() for part in text.split(";"))):
+        fields = {}
+        for pair in entry.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or key.strip() not in keys:
+                raise ValueError(f"{what} {entry!r}: expected key=value pairs with keys {', '.join(sorted(keys))}")
+            fields[key.strip()] = value.strip()
+        entries.append(fields)
+    return entries

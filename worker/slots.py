@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from broker.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from broker.protocol import BatchCounters, ModelInfo, Status
+from broker.settings import parse_entries
 from worker.assembler import Assembler
 from worker.batching import BatchPolicy
 from worker.config import WorkerConfig
@@ -65,18 +66,10 @@ def parse_extra_models(text: str, defaults: dict[str, str]) -> list[dict[str, st
     Device, dtype and batch settings not given are the main model's.
     """
     models = []
-    for entry in filter(None, (part.strip() for part in text.split(";"))):
-        fields = dict(defaults)
-        for pair in entry.split(","):
-            key, sep, value = pair.partition("=")
-            key = key.strip()
-            if not sep or key not in SPEC_KEYS:
-                raise ValueError(f"extra model {entry!r}: expected key=value pairs with keys {', '.join(sorted(SPEC_KEYS))}")
-            fields[key] = value.strip()
-        if "path=" not in entry:
-            raise ValueError(f"extra model {entry!r} needs a path=")
-        if "name=" not in entry:
-            fields["name"] = os.path.basename(fields["path"].rstrip("/"))
+    for given in parse_entries(text, SPEC_KEYS, "extra model"):
+        if "path" not in given:
+            raise ValueError(f"extra model {given}: needs a path=")
+        fields = defaults | {"name": os.path.basename(given["path"].rstrip("/"))} | given
         models.append(fields)
     return models
 
