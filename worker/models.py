@@ -8,7 +8,6 @@ the names (ModelSpec, InputError, ...).
 from __future__ import annotations
 
 import importlib.util
-import json
 import importlib
 import os
 from dataclasses import dataclass
@@ -133,66 +132,17 @@ def _torch_dtype(requested: str, device: str) -> torch.dtype:
     return getattr(torch, requested)
 
 
-def _names(keys: list[str]) -> str:
+def quoted_names(keys: list[str]) -> str:
     return ", ".join(map(repr, keys))
 
 
-def _check_inputs(inputs: Any) -> None:
+def check_inputs(inputs: Any) -> None:
     """Reject anything but a non-empty list of strings before it reaches a tokenizer."""
     if not isinstance(inputs, list) or not inputs:
         raise InputError("inputs must be a non-empty list of strings")
     for i, text in enumerate(inputs):
         if not isinstance(text, str):
             raise InputError(f"inputs[{i}] is {type(text).__name__}, but every input must be a string")
-
-
-class EmbeddingRunner:
-    """Sentence embeddings computed exactly like sentence-transformers: mean pooling, then L2 norm."""
-
-    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        self.spec = spec
-        self.device = device
-        self._tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        self._model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
-        self.max_length = self._max_length()
-
-    def warm_up(self) -> None:
-        """One tiny batch so the first real request does not pay for lazy initialisation."""
-        self.run(["warm-up"], {})
-
-    def _max_length(self) -> int:
-        """Use the length the sentence-transformers model was trained with, as its own loader does."""
-        st_config = Path(self.spec.path) / "sentence_bert_config.json"
-        if st_config.is_file():
-            configured = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-            if configured:
-                return int(configured)
-        return int(min(self._tokenizer.model_max_length, self._model.config.max_position_embeddings))
-
-    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[np.ndarray]:
-        """Embed the batch in one forward pass; returns one 1-D float32 vector per input."""
-        import torch
-
-        _check_inputs(inputs)
-        unknown = sorted(set(parameters) - {"normalize"})
-        if unknown:
-            raise InputError(f"unknown parameter(s) {_names(unknown)} for embeddings; use only 'normalize'")
-        normalize = parameters.get("normalize", True)
-        if not isinstance(normalize, bool):
-            raise InputError(f"parameter 'normalize' must be true or false, not {normalize!r}")
-
-        batch = self._tokenizer(
-            inputs, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
-        ).to(self.device)
-        with torch.inference_mode():
-            hidden = self._model(**batch).last_hidden_state.float()  # pool in float32 even for half models
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            if normalize:
-                embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
-        return list(embeddings.cpu().numpy())
 
 
 class PipelineRunner:
@@ -224,7 +174,7 @@ class PipelineRunner:
         """Call the pipeline once for the whole batch; bad parameters or inputs become InputError."""
         from transformers.pipelines.base import PipelineException
 
-        _check_inputs(inputs)
+        check_inputs(inputs)
         self._check_parameters(parameters)
         mask = self._pipe.tokenizer.mask_token if self.task == "fill-mask" else None
         missing = [i for i, text in enumerate(inputs) if mask is not None and mask not in text]
@@ -263,15 +213,15 @@ class PipelineRunner:
         """Name unknown keys up front; pipelines taking **kwargs (tokenizer/generate options) check them."""
         reserved = sorted(_RESERVED_PARAMETERS & set(parameters))
         if reserved:
-            raise InputError(f"parameter(s) {_names(reserved)} are set by the worker and cannot be passed")
+            raise InputError(f"parameter(s) {quoted_names(reserved)} are set by the worker and cannot be passed")
         missing = [key for key in _REQUIRED_PARAMETERS.get(self.task, ()) if key not in parameters]
         if missing:
-            raise InputError(f"{self.task} needs the parameter(s) {_names(missing)}")
+            raise InputError(f"{self.task} needs the parameter(s) {quoted_names(missing)}")
         if self._accepted is not None:
             unknown = sorted(set(parameters) - self._accepted)
             if unknown:
                 raise InputError(
-                    f"unknown parameter(s) {_names(unknown)} for {self.task}; "
+                    f"unknown parameter(s) {quoted_names(unknown)} for {self.task}; "
                     f"accepted: {', '.join(sorted(self._accepted)) or 'none'}"
                 )
 
@@ -336,6 +286,8 @@ def _runner_class(task: str) -> Any:
     and ``warm_up`` like the built-in ones (the tests use this to inject faults).
     """
     if task == EMBEDDINGS_TASK:
+        from worker.embeddings import EmbeddingRunner
+
         return EmbeddingRunner
     if not task.startswith(CUSTOM_TASK_PREFIX):
         return PipelineRunner

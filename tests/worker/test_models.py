@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
+from worker.embeddings import EmbeddingRunner
 from worker.models import (
     DEFAULT_MODEL_NAME,
     InputError,
@@ -75,6 +76,29 @@ def test_embeddings_batch_equals_one_at_a_time(embedder: Runner) -> None:
     for text, row in zip(TEXTS, batched, strict=True):
         (single,) = embedder.run([text], {})
         assert np.abs(row - single).max() < 1e-5
+
+
+@pytest.mark.parametrize("overhead_tokens", [0.0, 50.0])
+def test_length_groups_give_the_same_embeddings_in_input_order(embedder: Runner, overhead_tokens: float) -> None:
+    from worker.grouping import NEVER_SPLIT, CostModel
+
+    runner: EmbeddingRunner = embedder  # type: ignore[assignment]
+    calibrated = runner.cost_model
+    try:
+        runner.cost_model = NEVER_SPLIT
+        one_pass = runner.run(TEXTS * 2, {})
+        runner.cost_model = CostModel(overhead_tokens)
+        grouped = runner.run(TEXTS * 2, {})
+    finally:
+        runner.cost_model = calibrated
+    for want, got in zip(one_pass, grouped, strict=True):
+        assert np.abs(want - got).max() < 1e-5
+
+
+def test_calibration_on_this_cpu_finds_that_padding_costs_more_than_a_split(embedder: Runner) -> None:
+    """On a CPU a padded token costs a measurable fraction of a forward pass, so mixed batches get split."""
+    model = embedder.cost_model  # type: ignore[attr-defined]
+    assert 0 <= model.overhead_tokens < 16 * 64
 
 
 def test_embeddings_normalize_false_returns_raw_mean_pool(embedder: Runner) -> None:

@@ -1,0 +1,61 @@
+"""The padding-aware grouping plan: pure arithmetic, no model."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from worker.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+
+
+def total_cost(lengths: list[int], groups: list[list[int]], model: CostModel) -> float:
+    return sum(model.cost(len(g), max(lengths[i] for i in g)) for g in groups)
+
+
+def test_every_input_is_planned_exactly_once() -> None:
+    lengths = [30, 8, 60, 9, 31, 59, 10, 61]
+    groups = plan_groups(lengths, CostModel(20.0))
+    assert sorted(itertools.chain.from_iterable(groups)) == list(range(len(lengths)))
+
+
+def test_mixed_lengths_are_split_short_first_when_padding_costs_more_than_a_pass() -> None:
+    lengths = [60, 8, 61, 9, 62, 10]
+    groups = plan_groups(lengths, CostModel(20.0))
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[8, 9, 10], [60, 61, 62]]
+
+
+def test_a_large_fixed_cost_keeps_one_group() -> None:
+    lengths = [60, 8, 61, 9, 62, 10]
+    assert len(plan_groups(lengths, CostModel(1_000.0))) == 1
+    assert len(plan_groups(lengths, NEVER_SPLIT)) == 1
+
+
+@pytest.mark.parametrize("overhead", [0.0, 5.0, 40.0, 200.0])
+def test_the_plan_is_the_cheapest_contiguous_split(overhead: float) -> None:
+    """Brute force over every split of the sorted lengths agrees with the dynamic programme."""
+    lengths = [17, 3, 44, 8, 8, 29, 51, 12]
+    model = CostModel(overhead)
+    planned = total_cost(lengths, plan_groups(lengths, model), model)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    cheapest = min(
+        total_cost(lengths, [order[a:b] for a, b in itertools.pairwise((0, *cuts, len(order)))], model)
+        for k in range(len(order))
+        for cuts in itertools.combinations(range(1, len(order)), k)
+    )
+    assert planned == pytest.approx(cheapest)
+
+
+def test_empty_and_single_batches() -> None:
+    assert plan_groups([], CostModel(1.0)) == []
+    assert plan_groups([7], CostModel(1.0)) == [[0]]
+
+
+def test_calibration_recovers_the_fixed_cost_of_a_linear_device() -> None:
+    per_token, overhead = 0.0002, 0.015  # seconds: like the CPU here
+    model = calibrate(lambda rows, tokens: overhead + per_token * rows * tokens)
+    assert model.overhead_tokens == pytest.approx(overhead / per_token)
+
+
+def test_calibration_never_splits_when_tokens_cost_nothing() -> None:
+    assert calibrate(lambda rows, tokens: 0.005) == NEVER_SPLIT
