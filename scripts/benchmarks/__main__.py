@@ -1,4 +1,4 @@
-"""``scripts/bench [--quick] [--cases a,b] [--out DIR] [--quiet-wait S]``: run cases, print the table, write reports."""
+"""``scripts/bench [--quick] [--cases a,b] [--out DIR] [--quiet-wait S] [--note TEXT]``: run, print, write reports."""
 
 from __future__ import annotations
 
@@ -15,30 +15,34 @@ import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from scripts.benchmarks import cases_infra, cases_model, charts, load, report
+from scripts.benchmarks import cases_infra, cases_model, cases_overload, charts, history, load, report, sections
 from scripts.benchmarks.common import Context, Settings
 from scripts.benchmarks.procs import ROOT, log
 
 Case = Callable[[Context], Awaitable[None]]
-# Run order keeps the cases that share the real zbatch stack together, so it starts once.
+# Run order keeps the cases that share the real zbatch stack together, so it starts once, and runs the
+# baselines before them, so the storm finds baseline-batched's capacity instead of measuring it again.
 CASES: dict[str, Case] = {
     "limit": cases_model.limit,
-    "zbatch-http": cases_model.zbatch_http,
-    "zbatch-zmq": cases_model.zbatch_zmq,
-    "overload": cases_model.overload,
     "baseline-naive": cases_model.baseline_naive,
     "baseline-batched": cases_model.baseline_batched,
+    "zbatch-http": cases_model.zbatch_http,
+    "zbatch-zmq": cases_model.zbatch_zmq,
+    "overload": cases_overload.overload,
+    "storm": cases_overload.storm,
     "routing": cases_infra.routing,
     "gateway": cases_infra.gateway,
     "scale": cases_infra.scale,
 }
-USES_ZBATCH_STACK = frozenset({"zbatch-http", "zbatch-zmq", "overload"})
+USES_ZBATCH_STACK = frozenset({"zbatch-http", "zbatch-zmq", "overload", "storm"})
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: ~2.5 s per point after 1 s warm-up, fewer concurrency points")
+    parser.add_argument("--note", default=None, metavar="TEXT",
+                        help="append a dated line to BENCHMARKS.md's History: TEXT and this run's key ratios")
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated cases to run (default: all): {', '.join(CASES)}")
     parser.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
@@ -81,7 +85,7 @@ async def run_cases(ctx: Context, names: list[str]) -> list[str]:
 
 
 def raise_file_limit() -> None:
-    """The overload case opens hundreds of connections; the default soft limit can be 1024."""
+    """The overload and storm cases open hundreds of connections; the default soft limit can be 1024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -111,10 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     if not pngs:
         log("charts skipped (no results to chart, or matplotlib is not installed)")
     links = [os.path.relpath(p, md_dir) for p in pngs]
-    (md_dir / "BENCHMARKS.md").write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed))
+    md_path = md_dir / "BENCHMARKS.md"
+    past = history.section(history.previous(md_path), args.note, ctx.rows, args.quick)
+    details = sections.details(ctx.rows)
+    md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, details, past))
     report.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),
                       failed)
-    print(report.table(ctx.rows))
+    print("\n".join([report.table(ctx.rows), *details]))
     log(f"wrote {md_dir / 'BENCHMARKS.md'}, {data_dir / 'bench-results.json'}"
         + (f" and {len(pngs)} chart(s) in {data_dir}" if pngs else "") + f" in {time.monotonic() - started:.0f} s")
     if failed:

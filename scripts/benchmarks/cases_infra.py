@@ -1,33 +1,61 @@
 """Cases without the model: what the broker and the gateway cost, and how the broker spreads work.
 
 Echo workers answer at once, so whatever latency and throughput remain
-belong to the client, the routing layer and (for ``gateway``) HTTP.
+belong to the client, the routing layer and (for ``gateway``) HTTP; each
+process's CPU per request is recorded too, the figure that does not depend on
+how the 2 cores happened to be shared.
 """
 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import procs
+from scripts.benchmarks.calls import http_call, http_session, zmq_raw_call
 from scripts.benchmarks.common import Context, row
-from scripts.benchmarks.load import closed_loop, http_call, http_session, zmq_raw_call
+from scripts.benchmarks.load import closed_loop
 from scripts.benchmarks.procs import MODEL, Procs
 from scripts.benchmarks.texts import shuffled
 
 ECHO_WORKERS = 2
-SIM = ("--batch-ms", "5", "--item-ms", "0.2", "--max-batch", "32", "--capacity", "64")
+MAX_BATCH = 32
 
 
-async def _zmq_runs(ctx: Context, case: str, system: str, frontend: str, concurrency: tuple[int, ...]) -> None:
+@dataclass(frozen=True)
+class Sim:
+    """A simulated model: each batch sleeps ``batch_ms + item_ms * items`` (no CPU used)."""
+
+    label: str
+    batch_ms: float
+    item_ms: float
+
+    def flags(self) -> tuple[str, ...]:
+        return ("--batch-ms", str(self.batch_ms), "--item-ms", str(self.item_ms), "--max-batch", str(MAX_BATCH),
+                "--capacity", str(2 * MAX_BATCH))
+
+    def ideal_req_s(self, workers: int) -> float:
+        """Full batches back to back on every worker: what the workers allow, whatever the broker costs."""
+        return workers * MAX_BATCH / (self.batch_ms + self.item_ms * MAX_BATCH) * 1000
+
+
+# CPU-class: like all-MiniLM-L6-v2 on this CPU (batch 1: 17-26 ms, batch 32 of ~36-token texts: ~410 ms).
+# GPU-class: a model so cheap that the broker and the Python client on 2 cores become the limit.
+SIMS = (Sim("CPU-class", 15.0, 7.0), Sim("GPU-class", 5.0, 0.2))
+
+
+async def _zmq_runs(ctx: Context, case: str, system: str, frontend: str, concurrency: tuple[int, ...],
+                    p: Procs) -> None:
     s = ctx.settings
     async with AsyncClient(frontend) as client:
         for c in concurrency:
             procs.log(f"{case}: {system} at concurrency {c}")
-            result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), c, s.warmup_s, s.duration_s)
+            result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), c, s.warmup_s, s.duration_s,
+                                       watch=p.pids())
             ctx.rows.append(row(case, system, c, result))
 
 
@@ -47,7 +75,7 @@ async def routing(ctx: Context) -> None:
         procs.log(f"routing: zbatch broker with {ECHO_WORKERS} echo workers")
         frontend, backend = await procs.start_broker(p)
         await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS)
-        await _zmq_runs(ctx, "routing", "zbatch broker", frontend, ctx.settings.side_concurrency)
+        await _zmq_runs(ctx, "routing", "zbatch broker", frontend, ctx.settings.side_concurrency, p)
     finally:
         p.close()
     p = Procs()
@@ -58,7 +86,7 @@ async def routing(ctx: Context) -> None:
         for i in range(ECHO_WORKERS):
             p.spawn("scripts.benchmarks.echo_worker", f"proxy-echo{i}", "proxy-worker", "--backend", backend)
         await p.wait(lambda: _answers(frontend), "zmq.proxy and its echo workers to answer")
-        await _zmq_runs(ctx, "routing", "zmq.proxy", frontend, ctx.settings.side_concurrency)
+        await _zmq_runs(ctx, "routing", "zmq.proxy", frontend, ctx.settings.side_concurrency, p)
     finally:
         p.close()
 
@@ -80,7 +108,8 @@ async def gateway(ctx: Context) -> None:
         for c in s.side_concurrency:
             procs.log(f"gateway: zbatch gateway at concurrency {c}")
             async with http_session(limit=c) as session:
-                result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s)
+                result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s,
+                                           watch=p.pids())
             ctx.rows.append(row("gateway", "zbatch gateway + echo", c, result, body_bytes=body_file.stat().st_size))
     finally:
         p.close()
@@ -92,26 +121,32 @@ async def gateway(ctx: Context) -> None:
             procs.log(f"gateway: bare aiohttp at concurrency {c}")
             async with http_session(limit=c) as session:
                 result = await closed_loop(http_call(session, f"{bare}/models/{MODEL}", shuffled()), c,
-                                           s.warmup_s, s.duration_s)
+                                           s.warmup_s, s.duration_s, watch=p.pids())
             ctx.rows.append(row("gateway", "bare aiohttp", c, result))
     finally:
         p.close()
 
 
-async def scale(ctx: Context) -> None:
-    """N simulated workers (5 ms + 0.2 ms/item per batch of <= 32) behind one broker: throughput vs N."""
+async def _scale_point(ctx: Context, sim: Sim, workers: int) -> None:
+    """One broker, ``workers`` simulated workers, 64 closed-loop clients per worker on one AsyncClient."""
     s = ctx.settings
-    for n in s.scale_workers:
-        p = Procs()
-        try:
-            procs.log(f"scale: broker with {n} simulated worker(s)")
-            frontend, backend = await procs.start_broker(p)
-            await procs.start_echo_workers(p, frontend, backend, n, *SIM)
-            async with AsyncClient(frontend) as client:
-                result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), s.scale_concurrency,
-                                           s.warmup_s, s.duration_s)
-            ideal = n * 32 / (5 + 0.2 * 32) * 1000
-            ctx.rows.append(row("scale", f"{n} simulated worker{'s' if n > 1 else ''}", s.scale_concurrency,
-                                result, workers=n, ideal_req_s=ideal))
-        finally:
-            p.close()
+    clients = s.scale_per_worker * workers
+    p = Procs()
+    try:
+        procs.log(f"scale: broker with {workers} simulated {sim.label} worker(s), {clients} clients")
+        frontend, backend = await procs.start_broker(p)
+        await procs.start_echo_workers(p, frontend, backend, workers, *sim.flags())
+        async with AsyncClient(frontend) as client:
+            result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), clients, s.warmup_s, s.duration_s)
+    finally:
+        p.close()
+    name = f"{workers} simulated worker{'s' if workers > 1 else ''}, {sim.label}"
+    ctx.rows.append(row("scale", name, clients, result, workers=workers, series=sim.label, batch_ms=sim.batch_ms,
+                        item_ms=sim.item_ms, ideal_req_s=sim.ideal_req_s(workers)))
+
+
+async def scale(ctx: Context) -> None:
+    """N simulated workers behind one broker, the same load per worker: throughput vs N, per model class."""
+    for sim in SIMS:
+        for workers in ctx.settings.scale_workers:
+            await _scale_point(ctx, sim, workers)

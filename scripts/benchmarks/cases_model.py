@@ -1,4 +1,4 @@
-"""Cases with the real model: the ceiling, zbatch over HTTP and ZeroMQ, the two baselines, overload."""
+"""Cases with the real model: the ceiling, zbatch over HTTP and ZeroMQ, the two baselines (overload: cases_overload)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ from typing import Any
 
 from broker.client import AsyncClient
 from scripts.benchmarks import procs
+from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, row
-from scripts.benchmarks.load import QUIET, closed_loop, http_call, http_session, open_loop, quiet, zmq_infer_call
+from scripts.benchmarks.load import QUIET, closed_loop, quiet
 from scripts.benchmarks.procs import MODEL, ROOT, Procs
 from scripts.benchmarks.texts import shuffled
-
-OVERLOAD_FACTOR = 4.0
 
 
 async def limit(ctx: Context) -> None:
@@ -86,25 +85,3 @@ async def baseline_naive(ctx: Context) -> None:
 
 async def baseline_batched(ctx: Context) -> None:
     await _baseline(ctx, "batched")
-
-
-async def overload(ctx: Context) -> None:
-    """Open loop at 4x the measured capacity: does zbatch keep serving, and refuse the rest quickly?"""
-    s = ctx.settings
-    stack = await ctx.zbatch()
-    measured = ctx.find("zbatch-http", concurrency=32)
-    if measured is None:
-        procs.log("overload: measuring capacity first (zbatch-http at concurrency 32)")
-        async with http_session(limit=32) as session:
-            measured = {"req_s": (await closed_loop(http_call(session, stack.url, shuffled()), 32,
-                                                    s.warmup_s, s.duration_s))["req_s"]}
-    capacity = float(measured["req_s"] or 1.0)
-    rate = OVERLOAD_FACTOR * capacity
-    procs.log(f"overload: {rate:.0f} req/s offered (4 x {capacity:.0f}) for {s.overload_s:.0f} s, open loop")
-    since = stack.log_offset()
-    async with http_session(limit=4096) as session:
-        result = await open_loop(http_call(session, stack.url, shuffled()), rate, s.overload_s, s.overload_grace_s)
-    refused = result["all_latency_by_status"].get("503", {})
-    ctx.rows.append(row("overload", "zbatch gateway, open loop", f"{rate:.0f}/s offered", result,
-                        capacity_req_s=capacity, factor=OVERLOAD_FACTOR, p99_503_ms=refused.get("p99_ms"),
-                        worker_batches=stack.batch_sizes(since)))

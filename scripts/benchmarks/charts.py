@@ -45,7 +45,8 @@ def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         written.append(path)
 
     present = [case for case in SYSTEMS if any(r["case"] == case for r in rows)]
-    concurrencies = sorted({r["concurrency"] for r in rows if r["case"] in present and isinstance(r["concurrency"], int)})
+    concurrencies = sorted({r["concurrency"] for r in rows
+                            if r["case"] in present and isinstance(r["concurrency"], int)})
     if present:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for case in present:
@@ -87,16 +88,19 @@ def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         axes[-1, 0].set_xlabel("batch size (items)")
         save(fig, "batch_sizes.png")
 
-    scale = sorted((r["detail"]["workers"], r["req_s"], r["detail"]["ideal_req_s"]) for r in rows
-                   if r["case"] == "scale")
-    if scale:
+    series = sorted({r["detail"]["series"] for r in rows if r["case"] == "scale"})
+    if series:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([n for n, _, _ in scale], [v for _, v, _ in scale], marker="o", label="measured")
-        ax.plot([n for n, _, _ in scale], [i for _, _, i in scale], linestyle=":", label="ideal (workers only)")
-        ax.set(xlabel="simulated workers", ylabel="req/s", title="Broker throughput vs workers")
-        _log2_axis(ax, [n for n, _, _ in scale])
-        ax.set_ylim(bottom=0)
-        ax.legend()
-        ax.grid(alpha=0.3)
+        for i, label in enumerate(series):
+            points = sorted((r["detail"]["workers"], r["req_s"] or 0.0, r["detail"]["ideal_req_s"]) for r in rows
+                            if r["case"] == "scale" and r["detail"]["series"] == label)
+            workers = [n for n, _, _ in points]
+            ax.plot(workers, [v for _, v, _ in points], marker="o", color=f"C{i}", label=f"{label}, measured")
+            ax.plot(workers, [v for _, _, v in points], linestyle=":", color=f"C{i}", label=f"{label}, ideal")
+        ax.set(xlabel="simulated workers (64 clients each)", ylabel="req/s", yscale="log",
+               title="Broker throughput vs workers")
+        _log2_axis(ax, sorted({r["detail"]["workers"] for r in rows if r["case"] == "scale"}))
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
         save(fig, "scale.png")
     return written

@@ -1,7 +1,7 @@
 """What every case shares: the run's settings, the result rows, and the zbatch stack reused by several cases.
 
 Starting broker + worker + gateway costs a model load, so the cases that
-measure the same real stack (zbatch-http, zbatch-zmq, overload) share one;
+measure the same real stack (zbatch-http, zbatch-zmq, overload, storm) share one;
 the runner stops it as soon as no remaining case needs it.
 """
 
@@ -17,6 +17,7 @@ from scripts.benchmarks import procs
 from scripts.benchmarks.procs import MODEL, Procs
 
 BATCH_LINE = re.compile(rb"batch of (\d+) items in ([\d.]+) ms")
+IDLE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,13 @@ class Settings:
     overload_s: float
     overload_grace_s: float
     scale_workers: tuple[int, ...]
-    scale_concurrency: int
+    scale_per_worker: int  # closed-loop clients per simulated worker: two full batches in flight each
 
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(True, 1.0, 2.5, (1, 32), (1, 32), 3.0, 10.0, (1, 2, 4, 8), 256)
-        return cls(False, 2.0, 10.0, (1, 8, 32, 128), (1, 32, 128), 20.0, 15.0, (1, 2, 4, 8), 256)
+            return cls(True, 1.0, 2.5, (1, 32), (1, 32), 3.0, 6.0, (1, 8), 64)
+        return cls(False, 2.0, 10.0, (1, 8, 32, 128), (1, 32, 128), 20.0, 15.0, (1, 2, 4, 8), 64)
 
 
 def row(case: str, system: str, concurrency: int | str, result: dict[str, Any], **detail: Any) -> dict[str, Any]:
@@ -61,6 +62,17 @@ class ZbatchStack:
     def log_offset(self) -> int:
         return self.worker_log.stat().st_size
 
+    async def wait_idle(self) -> None:
+        """Until the broker holds no work: a storm's cancelled leftovers must not run into the next measurement."""
+        async def idle() -> bool:
+            stats = await procs.broker_stats(self.frontend)
+            if stats is None:
+                return False
+            backlog = sum(m["backlog_items"] for m in stats["models"].values())
+            return backlog == 0 and all(w["in_flight"] == 0 for w in stats["workers"])
+
+        await self.procs.wait(idle, "the zbatch stack to finish its leftover work", IDLE_TIMEOUT_S)
+
     def batch_sizes(self, since: int) -> dict[str, Any]:
         """Batch sizes (and model time per batch) the worker logged since ``since``."""
         with self.worker_log.open("rb") as f:
@@ -78,6 +90,7 @@ class ZbatchStack:
 class Context:
     settings: Settings
     rows: list[dict[str, Any]] = field(default_factory=list)
+    capacities: dict[str, float] = field(default_factory=dict)  # measured for overload/storm, by case
     _stack: ZbatchStack | None = None
 
     def find(self, case: str, system: str | None = None, concurrency: int | str | None = None) -> dict[str, Any] | None:

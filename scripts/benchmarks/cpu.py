@@ -4,6 +4,8 @@ On a shared 2-core box one foreign test suite loading a model halves what any
 system under test gets. Each measurement records ``other_cores`` (CPU used by
 processes outside this benchmark's process tree, in cores), so a disturbed
 row can be spotted, and ``wait_quiet`` can hold a run until the box is idle.
+``process_seconds`` prices each process under test in CPU per request: on 2
+shared cores, throughput ratios mix one process's cost with its neighbours'.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ def _busy_ticks() -> int:
     return sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal; no guest double count
 
 
-def _tree_ticks(root: int) -> int:
-    """utime + stime of ``root`` and all its descendants alive now."""
-    parents: dict[int, int] = {}
+def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Every process's children and its utime + stime so far, in clock ticks."""
+    children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -44,17 +46,40 @@ def _tree_ticks(root: int) -> int:
         except OSError:
             continue
         rest = stat[stat.rindex(")") + 2:].split()  # fields after "pid (comm)"
-        parents[int(entry.name)] = int(rest[1])
+        children.setdefault(int(rest[1]), []).append(int(entry.name))
         ticks[int(entry.name)] = int(rest[11]) + int(rest[12])
+    return children, ticks
+
+
+def _tree_ticks(root: int, table: tuple[dict[int, list[int]], dict[int, int]] | None = None) -> int:
+    """utime + stime of ``root`` and all its descendants alive now."""
+    children, ticks = table or _process_table()
     total, stack = 0, [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
     while stack:
         pid = stack.pop()
         total += ticks.get(pid, 0)
         stack.extend(children.get(pid, []))
     return total
+
+
+def process_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each named process (with its children) has used so far; the caller's own included.
+
+    The caller is read with ``time.process_time`` (all its threads, finer than a clock tick).
+    """
+    try:
+        table = _process_table() if pids else ({}, {})
+    except (OSError, ValueError, IndexError):
+        return {"load generator": time.process_time()}  # not Linux: the load generator alone
+    used = {name: _tree_ticks(pid, table) / TICKS for name, pid in pids.items() if pid in table[1]}
+    return used | {"load generator": time.process_time()}
+
+
+def per_request_us(start: dict[str, float], end: dict[str, float], requests: int) -> dict[str, float]:
+    """Microseconds of CPU per request for each process seen at both ends of the window."""
+    if not requests:
+        return {}
+    return {name: round((end[name] - start[name]) * 1e6 / requests, 1) for name in start if name in end}
 
 
 def snapshot(root: int | None = None) -> Snapshot | None:

@@ -2,7 +2,9 @@
 
 A *call* is any coroutine that sends one request and returns its status
 ("ok" or what went wrong), so the HTTP systems, the ZeroMQ client and the
-raw routing benchmarks all go through the same loops and the same statistics.
+raw routing benchmarks (see calls.py) all go through the same loops and the
+same statistics. The closed loop can also retry: a storm of clients that send
+again at once when refused.
 Latency is measured from when a request was due (open loop: its scheduled
 arrival, not when the generator got round to it), so queueing in the
 generator itself is not hidden.
@@ -11,26 +13,19 @@ generator itself is not hidden.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from broker import payloads
-from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import cpu
 from scripts.benchmarks.procs import log
 
 Call = Callable[[], Awaitable[str]]
-HTTP_TIMEOUT_S = 60.0
 # Set once by the runner: how long to wait for other processes to go idle before a measurement,
 # and how often to measure again when they disturbed it anyway (0 and 0: just record the noise).
 QUIET = {"wait_s": 0.0, "retries": 0}
@@ -96,37 +91,62 @@ def summarize(samples: list[Sample], window: tuple[float, float], items: int = 1
     }
 
 
-async def _timed(call: Call, start: float, samples: list[Sample]) -> None:
+async def _status(call: Call) -> str:
     try:
-        status = await call()
+        return await call()
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a call should return its status, but never lose a sample
-        status = type(exc).__name__
+        return type(exc).__name__
+
+
+async def _timed(call: Call, start: float, samples: list[Sample]) -> None:
+    status = await _status(call)
     samples.append(Sample(start, time.perf_counter(), status))
 
 
-async def closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s: float,
-                      drain_s: float = 30.0) -> dict[str, Any]:
-    """``concurrency`` users each send, wait, send again; only the window after warm-up counts."""
-    return await settled(lambda: _closed_loop(call, concurrency, warmup_s, duration_s, drain_s))
+async def _request(call: Call, retry_on: frozenset[str], attempts: list[Sample]) -> Sample:
+    """One request, sent again at once while its answer is in ``retry_on``; each answer goes to ``attempts``."""
+    first = time.perf_counter()
+    while True:
+        sent = time.perf_counter()
+        status = await _status(call)
+        attempt = Sample(sent, time.perf_counter(), status)
+        attempts.append(attempt)
+        if status not in retry_on:
+            return Sample(first, attempt.end, status)
 
 
-async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s: float,
-                       drain_s: float) -> dict[str, Any]:
+async def closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s: float, drain_s: float = 30.0,
+                      *, retry_on: frozenset[str] = frozenset(), watch: dict[str, int] | None = None
+                      ) -> dict[str, Any]:
+    """``concurrency`` users each send, wait, send again; only the window after warm-up counts.
+
+    With ``retry_on`` (e.g. {"503"}) a refused request is sent again at once; it is one sample from
+    its first send to its final answer, and ``answers`` times every answer on its own (its "ok"
+    latency runs from the send that was accepted). ``watch`` (name: pid of the processes under test)
+    adds each one's CPU per request (per answer, with retries), the load generator's included.
+    """
+    return await settled(lambda: _closed_loop(call, concurrency, warmup_s, duration_s, drain_s, retry_on, watch))
+
+
+async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s: float, drain_s: float,
+                       retry_on: frozenset[str], watch: dict[str, int] | None) -> dict[str, Any]:
     samples: list[Sample] = []
+    attempts: list[Sample] = []
     t0 = time.perf_counter()
     window = (t0 + warmup_s, t0 + warmup_s + duration_s)
 
-    async def monitor() -> dict[str, float]:
+    async def monitor() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Other processes' cores during the window; the watched processes' CPU seconds at both ends."""
         await asyncio.sleep(warmup_s)
-        start = cpu.snapshot()
+        start, used = cpu.snapshot(), cpu.process_seconds(watch or {})
         await asyncio.sleep(duration_s)
-        return cpu.usage(start, cpu.snapshot())
+        return cpu.usage(start, cpu.snapshot()), used, cpu.process_seconds(watch or {})
 
     async def user() -> None:
         while time.perf_counter() < window[1]:
-            await _timed(call, time.perf_counter(), samples)
+            samples.append(await _request(call, retry_on, attempts))
 
     noise = asyncio.create_task(monitor())
     tasks = [asyncio.create_task(user()) for _ in range(concurrency)]
@@ -136,9 +156,18 @@ async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     late = [s for s in samples if s.end > window[1]]  # a few are normal: those in flight at the end
-    return summarize(samples, window) | await noise | {
+    result = summarize(samples, window)
+    usage, used_start, used_end = await noise
+    if retry_on:
+        result["answers"] = summarize(attempts, window)
+    if watch is not None:  # with retries, per answer: the refusals are where the CPU goes
+        key, count = ("cpu_us_per_answer", result["answers"]["requests"]) if retry_on else (
+            "cpu_us_per_req", result["requests"])
+        result[key] = cpu.per_request_us(used_start, used_end, count)
+    return result | usage | {
         "concurrency": concurrency, "abandoned": len(pending), "late": len(late),
-        "late_max_ms": max(((s.end - s.start) * 1000 for s in late), default=None)}
+        "late_max_ms": max(((s.end - s.start) * 1000 for s in late), default=None),
+        "all_statuses": dict(Counter(s.status for s in samples))}
 
 
 async def open_loop(call: Call, rate: float, duration_s: float, grace_s: float,
@@ -183,64 +212,3 @@ async def _open_loop(call: Call, rate: float, duration_s: float, grace_s: float,
         "offered_rate": rate, "sent": sent, "answered": len(samples), "unanswered": len(pending),
         "all_statuses": everything["statuses"], "all_latency_by_status": everything["latency_by_status"],
     } | noise
-
-
-# ---------------------------------------------------------------- calls
-
-
-@asynccontextmanager
-async def http_session(limit: int):
-    """One connection pool per run; ``limit`` connections at most (0: no limit)."""
-    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(HTTP_TIMEOUT_S)) as s:
-        yield s
-
-
-def _bodies(texts: list[str]) -> Iterator[bytes]:
-    return itertools.cycle([json.dumps({"inputs": text}).encode() for text in texts])
-
-
-def http_call(session: aiohttp.ClientSession, url: str, texts: list[str]) -> Call:
-    """POST one text as ``{"inputs": text}`` (the gateway's /models/{model} shape)."""
-    bodies = _bodies(texts)
-    headers = {"Content-Type": "application/json"}
-
-    async def call() -> str:
-        try:
-            async with session.post(url, data=next(bodies), headers=headers) as response:
-                await response.read()
-                return "ok" if response.status == 200 else str(response.status)
-        except TimeoutError:
-            return "timeout"
-        except aiohttp.ClientError as exc:
-            return type(exc).__name__
-
-    return call
-
-
-def zmq_infer_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
-    """What a Python program gets from the project's client: numpy outputs, typed errors."""
-    cycle = itertools.cycle(texts)
-
-    async def call() -> str:
-        try:
-            await client.infer(model, [next(cycle)])
-            return "ok"
-        except ZBatchError as exc:
-            return exc.status.value if exc.status is not None else "unavailable"
-
-    return call
-
-
-def zmq_raw_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
-    """Pre-encoded payloads and no decoding, so routing benchmarks measure routing, not msgpack."""
-    payloads = itertools.cycle([payloads.encode_payload({"inputs": [t], "parameters": {}}) for t in texts])
-
-    async def call() -> str:
-        try:
-            reply = await client.request(model, next(payloads), items=1)
-        except ZBatchError as exc:
-            return exc.status.value if exc.status is not None else "unavailable"
-        return reply.status.value
-
-    return call

@@ -89,6 +89,10 @@ class Procs:
         self.procs.append(proc)
         return proc
 
+    def pids(self) -> dict[str, int]:
+        """Name: pid of each process started, so a measurement can price each one's CPU."""
+        return {proc.name: proc.popen.pid for proc in self.procs}
+
     def close(self) -> None:
         while self.procs:
             proc = self.procs.pop()

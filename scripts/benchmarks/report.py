@@ -15,20 +15,26 @@ from pathlib import Path
 from typing import Any
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched",
-              "routing", "gateway", "overload", "scale")
+              "routing", "gateway", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
 
-def _find(rows: list[dict[str, Any]], case: str, system: str | None = None,
-          concurrency: Any = None) -> dict[str, Any] | None:
+def find(rows: list[dict[str, Any]], case: str, system: str | None = None,
+         concurrency: Any = None) -> dict[str, Any] | None:
     for r in rows:
         if r["case"] == case and system in (None, r["system"]) and concurrency in (None, r["concurrency"]):
             return r
     return None
 
 
-def _times(a: float | None, b: float | None) -> float | None:
+def scale_one(rows: list[dict[str, Any]], series: str) -> dict[str, Any] | None:
+    """The one-worker row of a scale series: the unit its other rows are compared with."""
+    return next((r for r in rows if r["case"] == "scale" and r["detail"].get("series") == series
+                 and r["detail"]["workers"] == 1), None)
+
+
+def times(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
@@ -44,38 +50,38 @@ def _added(r: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Fill each row's ``ratio`` against its reference in the same run (see COLUMNS' last column)."""
-    ceiling = _find(rows, "limit", "direct, batch 32")
+    ceiling = find(rows, "limit", "direct, batch 32")
     top = ceiling["texts_s"] if ceiling else None
     for r in rows:
         case, c = r["case"], r["concurrency"]
         parts: list[str | None] = []
         if case == "limit" and r is not ceiling:
-            parts.append(_ratio_text(_times(r["texts_s"], top), "batch 32"))
+            parts.append(_ratio_text(times(r["texts_s"], top), "batch 32"))
         elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched"):
-            parts.append(_ratio_text(_times(r["texts_s"], top), "limit b32"))
+            parts.append(_ratio_text(times(r["texts_s"], top), "limit b32"))
             if case == "zbatch-http":
-                batched = _find(rows, "baseline-batched", concurrency=c)
-                parts.append(_ratio_text(_times(r["texts_s"], batched["texts_s"] if batched else None), "batched"))
+                batched = find(rows, "baseline-batched", concurrency=c)
+                parts.append(_ratio_text(times(r["texts_s"], batched["texts_s"] if batched else None), "batched"))
             if case == "zbatch-zmq":
-                http = _find(rows, "zbatch-http", concurrency=c)
-                parts.append(_ratio_text(_times(r["texts_s"], http["texts_s"] if http else None), "http"))
+                http = find(rows, "zbatch-http", concurrency=c)
+                parts.append(_ratio_text(times(r["texts_s"], http["texts_s"] if http else None), "http"))
         elif case in ("routing", "gateway"):
-            ref = _find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
+            ref = find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
             if ref is not None and ref is not r:
                 name = "proxy" if case == "routing" else "bare"
-                parts += [_ratio_text(_times(r["req_s"], ref["req_s"]), name), _added(r, ref)]
-        elif case == "overload":
-            parts.append(_ratio_text(_times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
+                parts += [_ratio_text(times(r["req_s"], ref["req_s"]), name), _added(r, ref)]
+        elif case in ("overload", "storm"):
+            parts.append(_ratio_text(times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
         elif case == "scale":
-            one = _find(rows, "scale", "1 simulated worker")
+            one = scale_one(rows, r["detail"]["series"])
             n = r["detail"]["workers"]
             if one is not None and n > 1:
-                parts.append(_ratio_text(_times(r["req_s"], one["req_s"] and n * one["req_s"]), f"{n}×(N=1)"))
-            parts.append(_ratio_text(_times(r["req_s"], r["detail"]["ideal_req_s"]), "ideal"))
+                parts.append(_ratio_text(times(r["req_s"], one["req_s"] and n * one["req_s"]), f"{n}×(N=1)"))
+            parts.append(_ratio_text(times(r["req_s"], r["detail"]["ideal_req_s"]), "ideal"))
         r["ratio"] = " · ".join(p for p in parts if p)
 
 
-def _number(value: float | None) -> str:
+def number(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
@@ -103,8 +109,8 @@ def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in sorted_rows(rows):
-        cells = [r["case"], r["system"], str(r["concurrency"]), _number(r["req_s"]), _number(r["texts_s"]),
-                 _number(r["p50_ms"]), _number(r["p99_ms"]), _errors(r), r["ratio"], _noise(r)]
+        cells = [r["case"], r["system"], str(r["concurrency"]), number(r["req_s"]), number(r["texts_s"]),
+                 number(r["p50_ms"]), number(r["p99_ms"]), _errors(r), r["ratio"], _noise(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -131,34 +137,6 @@ def machine() -> dict[str, Any]:
             "aiohttp": version("aiohttp")}
 
 
-def _overload(over: dict[str, Any]) -> list[str]:
-    d = over["detail"]
-    accepted = d["all_latency_by_status"].get("ok", {})
-    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(d["all_statuses"].items()))
-    intro = (f"Offered {d['offered_rate']:.0f} req/s ({d['factor']:.0f}× the {d['capacity_req_s']:.0f} req/s "
-             f"measured at concurrency 32) for {d['duration_s']:.0f} s, Poisson arrivals, open loop; "
-             "requests still unanswered a grace period later count as unanswered.")
-    cells = [str(d["sent"]), str(d["answered"]), str(d["unanswered"]), _number(d["req_s"]),
-             f"{_number(accepted.get('p50_ms'))} / {_number(accepted.get('p99_ms'))}", _number(d["p99_503_ms"]),
-             statuses]
-    return ["", "### Overload", "", intro, "",
-            "| sent | answered | unanswered | goodput req/s | accepted p50 / p99 ms | 503 p99 ms | statuses |",
-            "|---|---|---|---|---|---|---|", "| " + " | ".join(cells) + " |"]
-
-
-def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
-    out = ["", "### Batches the worker ran", "",
-           "From the worker's debug log (warm-up included); model ms is the worker's own time per batch.", "",
-           "| case | concurrency | batches | mean size | mean model ms | sizes (size: count) |",
-           "|---|---|---|---|---|---|"]
-    for r in batch_rows:
-        b = r["detail"]["worker_batches"]
-        hist = ", ".join(f"{k}: {v}" for k, v in b["histogram"].items())
-        out.append(f"| {r['case']} | {r['concurrency']} | {b['batches']} | {b['mean_size']:.1f} | "
-                   f"{b['mean_batch_ms']:.1f} | {hist} |")
-    return out
-
-
 CASE_NOTES = """
 ## Cases
 
@@ -171,20 +149,25 @@ CASE_NOTES = """
 * **gateway**: gateway + broker + echo workers (384-float outputs) vs a bare aiohttp handler answering
   the same bytes.
 * **overload**: open loop at 4× the capacity measured by zbatch-http at concurrency 32.
-* **scale**: N simulated workers (5 ms + 0.2 ms per item per batch of at most 32) behind one broker.
+* **storm**: 512 closed-loop clients that send again at once on 503, against zbatch and against
+  baseline-batched, each compared with its own capacity.
+* **scale**: N simulated workers behind one broker, 64 closed-loop clients per worker; "CPU-class"
+  sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
+  (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
 """
 
 RATIO_NOTE = (
     "ratio: `limit b32` = texts/s over the model alone at batch 32; `batched` = over baseline-batched at the "
     "same concurrency; `http` = over zbatch-http; `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, "
     "with the added p50 latency; `capacity` = goodput over the measured capacity; scale: over N times one "
-    "worker, and over the simulated workers' ideal. other cpu: cores used by processes outside this "
+    "worker of the same series, and over the simulated workers' ideal. other cpu: cores used by processes outside this "
     f"benchmark during the measurement (bold from {NOISY_CORES}: that row was disturbed)."
 )
 
 
 def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, quick: bool, charts: list[str],
-             failed: list[str]) -> str:
+             failed: list[str], details: list[str], history: list[str]) -> str:
+    """The whole BENCHMARKS.md; ``details`` are sections.details' lines, ``history`` the History section's."""
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
     header = f"Command: `{command}` ({when})." + (" **Quick run: a smoke test, the numbers are rough.**"
@@ -198,15 +181,10 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     lines = ["# Benchmarks", "", header, "", machine_line, "", table(rows), "", RATIO_NOTE]
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
-    over = _find(rows, "overload")
-    if over is not None:
-        lines += _overload(over)
-    batch_rows = [r for r in sorted_rows(rows) if r["detail"].get("worker_batches")]
-    if batch_rows:
-        lines += _batches(batch_rows)
+    lines += details
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
-    return "\n".join(lines) + "\n" + CASE_NOTES
+    return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(history) + "\n"
 
 
 def write_json(path: Path, rows: list[dict[str, Any]], info: dict[str, Any], command: str, settings: Any,

@@ -1,0 +1,79 @@
+"""The calls the load generator makes: one request each, answering with its status, never raising.
+
+HTTP systems go through one aiohttp session; the ZeroMQ path through the
+project's own AsyncClient, either as a Python program uses it (``infer``) or
+with pre-encoded payloads (``raw``) so routing is measured, not msgpack.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from broker import payloads
+from broker.client import AsyncClient, ZBatchError
+from scripts.benchmarks.load import Call
+
+HTTP_TIMEOUT_S = 60.0
+
+
+@asynccontextmanager
+async def http_session(limit: int) -> AsyncIterator[aiohttp.ClientSession]:
+    """One connection pool per run; ``limit`` connections at most (0: no limit)."""
+    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(HTTP_TIMEOUT_S)) as s:
+        yield s
+
+
+def _bodies(texts: list[str]) -> Iterator[bytes]:
+    return itertools.cycle([json.dumps({"inputs": text}).encode() for text in texts])
+
+
+def http_call(session: aiohttp.ClientSession, url: str, texts: list[str]) -> Call:
+    """POST one text as ``{"inputs": text}`` (the gateway's /models/{model} shape); status "ok" or the code."""
+    bodies = _bodies(texts)
+    headers = {"Content-Type": "application/json"}
+
+    async def call() -> str:
+        try:
+            async with session.post(url, data=next(bodies), headers=headers) as response:
+                await response.read()
+                return "ok" if response.status == 200 else str(response.status)
+        except TimeoutError:
+            return "timeout"
+        except aiohttp.ClientError as exc:
+            return type(exc).__name__
+
+    return call
+
+
+def zmq_infer_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
+    """What a Python program gets from the project's client: numpy outputs, typed errors."""
+    cycle = itertools.cycle(texts)
+
+    async def call() -> str:
+        try:
+            await client.infer(model, [next(cycle)])
+            return "ok"
+        except ZBatchError as exc:
+            return exc.status.value if exc.status is not None else "unavailable"
+
+    return call
+
+
+def zmq_raw_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
+    """Pre-encoded payloads and no decoding, so routing benchmarks measure routing, not msgpack."""
+    encoded = itertools.cycle([payloads.encode_payload({"inputs": [t], "parameters": {}}) for t in texts])
+
+    async def call() -> str:
+        try:
+            reply = await client.request(model, next(encoded), items=1)
+        except ZBatchError as exc:
+            return exc.status.value if exc.status is not None else "unavailable"
+        return reply.status.value
+
+    return call

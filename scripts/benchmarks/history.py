@@ -1,0 +1,82 @@
+"""The History section of BENCHMARKS.md: dated lines on what each optimisation did, kept across runs.
+
+A run rewrites BENCHMARKS.md but carries its History over verbatim, so the
+record of each change's effect survives; ``--note`` appends one line with
+this run's key ratios.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from scripts.benchmarks.report import find, scale_one, sorted_rows, times
+
+HEADING = "## History"
+PLACEHOLDER = ("_Nothing recorded yet. Add one dated line per optimisation with its effect, e.g. "
+               "`- 2026-11-22 padding-aware grouping: c=32 72 -> 100 texts/s`, or run "
+               "`scripts/bench --note \"what changed\"` to append one with this run's key ratios._")
+
+
+def previous(path: Path) -> list[str]:
+    """The History lines of an existing BENCHMARKS.md, verbatim, heading and outer blank lines excluded."""
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    if HEADING not in lines:
+        return []
+    start = lines.index(HEADING) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    body = lines[start:end]
+    while body and not body[0].strip():
+        body.pop(0)
+    while body and not body[-1].strip():
+        body.pop()
+    return body
+
+
+def _ratio(label: str, value: float | None) -> str | None:
+    return None if value is None else f"{label} {value:.2f}×"
+
+
+def _value(rows: list[dict[str, Any]], key: str, case: str, system: str | None = None,
+           concurrency: Any = None) -> float | None:
+    r = find(rows, case, system, concurrency)
+    return r[key] if r else None
+
+
+def _scale(rows: list[dict[str, Any]]) -> list[str | None]:
+    """8 workers against 8 x one worker, for each simulated model class."""
+    out: list[str | None] = []
+    for r in rows:
+        one = scale_one(rows, r["detail"]["series"]) if r["case"] == "scale" else None
+        if one is not None and r["detail"]["workers"] == 8:
+            out.append(_ratio(f"scale 8 vs 8×1 ({r['detail']['series']})", times(r["req_s"], 8 * one["req_s"])))
+    return out
+
+
+def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """The figures a change is judged by, each against its reference in the same run."""
+    goodput = [(f"{r['case']} goodput/capacity" + (f" ({r['system']})" if r["case"] == "storm" else ""),
+                times(r["req_s"], r["detail"]["capacity_req_s"])) for r in sorted_rows(rows)
+               if r["case"] in ("overload", "storm")]
+    parts = [
+        _ratio("HTTP c=32 vs limit b32 (texts/s)", times(_value(rows, "texts_s", "zbatch-http", concurrency=32),
+                                                         _value(rows, "texts_s", "limit", "direct, batch 32"))),
+        _ratio("c=1 p50 vs limit b1 p50", times(_value(rows, "p50_ms", "zbatch-http", concurrency=1),
+                                                _value(rows, "p50_ms", "limit", "direct, batch 1"))),
+        _ratio("broker vs proxy (c=32)", times(_value(rows, "req_s", "routing", "zbatch broker", 32),
+                                               _value(rows, "req_s", "routing", "zmq.proxy", 32))),
+        _ratio("gateway vs bare (c=32)", times(_value(rows, "req_s", "gateway", "zbatch gateway + echo", 32),
+                                               _value(rows, "req_s", "gateway", "bare aiohttp", 32))),
+        *(_ratio(label, value) for label, value in goodput), *_scale(rows)]
+    return [p for p in parts if p]
+
+
+def section(old: list[str], note: str | None, rows: list[dict[str, Any]], quick: bool) -> list[str]:
+    """The History section to write: ``old`` verbatim, plus this run's line if there is a note."""
+    body = list(old)
+    if note:
+        body = [line for line in body if line.strip() != PLACEHOLDER]
+        figures = "; ".join(key_ratios(rows)) or "no ratios (cases missing)"
+        body.append(f"- {time.strftime('%Y-%m-%d')} {note}{' (quick run)' if quick else ''}: {figures}")
+    return ["", HEADING, "", *(body or [PLACEHOLDER])]

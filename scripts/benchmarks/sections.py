@@ -1,0 +1,97 @@
+"""The detail sections under the main table: overload, storm, worker batches, CPU per request.
+
+Each is Markdown, printed with the table and written into BENCHMARKS.md, and
+appears only when the run has rows for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scripts.benchmarks.report import find, number, sorted_rows
+
+
+def _overload(over: dict[str, Any]) -> list[str]:
+    d = over["detail"]
+    accepted = d["all_latency_by_status"].get("ok", {})
+    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(d["all_statuses"].items()))
+    intro = (f"Offered {d['offered_rate']:.0f} req/s ({d['factor']:.0f}× the {d['capacity_req_s']:.0f} req/s "
+             f"measured at concurrency 32) for {d['duration_s']:.0f} s, Poisson arrivals, open loop; "
+             "requests still unanswered a grace period later count as unanswered.")
+    cells = [str(d["sent"]), str(d["answered"]), str(d["unanswered"]), number(d["req_s"]),
+             f"{number(accepted.get('p50_ms'))} / {number(accepted.get('p99_ms'))}", number(d["p99_503_ms"]),
+             statuses]
+    return ["", "### Overload", "", intro, "",
+            "| sent | answered | unanswered | goodput req/s | accepted p50 / p99 ms | 503 p99 ms | statuses |",
+            "|---|---|---|---|---|---|---|", "| " + " | ".join(cells) + " |"]
+
+
+def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
+    d = storm_rows[0]["detail"]
+    intro = (f"{storm_rows[0]['concurrency']} closed-loop clients on as many connections for {d['duration_s']:.0f} s "
+             "after a warm-up; each sends again at once on 503 (no backoff, Retry-After ignored). A request "
+             "counts from its first send to its final answer; every 503 is timed on its own; accepted p99 is "
+             "timed from the send that was accepted, then from the first send (zbatch's deadline: "
+             f"{d['deadline_ms'] / 1000:.0f} s). Capacity: req/s at concurrency 32 in this run. Unanswered: "
+             "still retrying after the grace period, timed out, or connection lost.")
+    out = ["", "### Storm", "", intro, "",
+           "| system | capacity req/s | goodput req/s | goodput / capacity | 503s | 503 p99 ms "
+           "| accepted p99 ms (accepted send / first send) | unanswered |", "|---|---|---|---|---|---|---|---|"]
+    for r in storm_rows:
+        d = r["detail"]
+        cells = [r["system"], number(d["capacity_req_s"]), number(r["req_s"]),
+                 f"{r['req_s'] / d['capacity_req_s']:.2f}", str(d["refused_503"]), number(d["p99_503_ms"]),
+                 f"{number(d['accepted_p99_ms'])} / {number(r['p99_ms'])}", str(d["unanswered"])]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
+    out = ["", "### Batches the worker ran", "",
+           "From the worker's debug log (warm-up included); model ms is the worker's own time per batch.", "",
+           "| case | concurrency | batches | mean size | mean model ms | sizes (size: count) |",
+           "|---|---|---|---|---|---|"]
+    for r in batch_rows:
+        b = r["detail"]["worker_batches"]
+        hist = ", ".join(f"{k}: {v}" for k, v in b["histogram"].items())
+        out.append(f"| {r['case']} | {r['concurrency']} | {b['batches']} | {b['mean_size']:.1f} | "
+                   f"{b['mean_batch_ms']:.1f} | {hist} |")
+    return out
+
+
+def _cpu(cpu_rows: list[dict[str, Any]]) -> list[str]:
+    out = ["", "### CPU per request", "",
+           "CPU time each process used during the measured window (from /proc; the load generator's own "
+           "process time), divided by the requests completed in it (storm: by the answers, 503s included). "
+           "On 2 shared cores throughput ratios mix a process's cost with its neighbours'; this figure does "
+           "not depend on how the cores were shared.", "",
+           "| case | system | concurrency | µs of CPU per request, by process |", "|---|---|---|---|"]
+    for r in cpu_rows:
+        used = _cpu_used(r)
+        cells = " · ".join(f"{name} {number(us)}" for name, us in used.items())
+        total = number(sum(used.values()))
+        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {cells} · total {total} |")
+    return out
+
+
+def _cpu_used(r: dict[str, Any]) -> dict[str, float]:
+    return r["detail"].get("cpu_us_per_req") or r["detail"].get("cpu_us_per_answer") or {}
+
+
+def details(rows: list[dict[str, Any]]) -> list[str]:
+    """Every detail section the rows allow, in reading order."""
+    ordered = sorted_rows(rows)
+    lines: list[str] = []
+    over = find(rows, "overload")
+    if over is not None:
+        lines += _overload(over)
+    storm_rows = [r for r in ordered if r["case"] == "storm"]
+    if storm_rows:
+        lines += _storm(storm_rows)
+    cpu_rows = [r for r in ordered if _cpu_used(r)]
+    if cpu_rows:
+        lines += _cpu(cpu_rows)
+    batch_rows = [r for r in ordered if r["detail"].get("worker_batches")]
+    if batch_rows:
+        lines += _batches(batch_rows)
+    return lines
