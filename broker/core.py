@@ -229,7 +229,9 @@ class BrokerCore:
                 self.models[request.model].answered[status] += 1
             self._send_client(client, Reply(request.request_id, status, message, retry_after_ms=retry))
             return
-        model = self.models.setdefault(request.model, ModelState(request.model))
+        model = self.models.get(request.model)
+        if model is None:
+            model = self.models[request.model] = ModelState(request.model)
         limits = self.limits_for(request.model)
         timeout_ms = min(request.timeout_ms or limits.timeout_ms, limits.max_timeout_ms)
         job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
@@ -238,8 +240,9 @@ class BrokerCore:
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
         model.enqueue(job)
-        log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
-                  timeout_ms, extra={"request_id": job.trace})
+        if log.isEnabledFor(logging.DEBUG):  # the arguments cost more than routing the request
+            log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
+                      timeout_ms, extra={"request_id": job.trace})
         self._arm(job, job.deadline)
         if not model.workers:
             self._arm(job, now + self.config.no_worker_grace_ms / 1000)
@@ -285,8 +288,9 @@ class BrokerCore:
             worker.take(job, now)
             model.dispatched += 1
             model.queue_time.observe(now - job.admitted_at)
-            log.debug("dispatched job %s to worker %s after %.1f ms", job.job_id.hex(), worker.ready.name,
-                      (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("dispatched job %s to worker %s after %.1f ms", job.job_id.hex(), worker.ready.name,
+                          (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
             remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
@@ -354,7 +358,7 @@ class BrokerCore:
 
     def _requeue(self, job: Job, died: bool) -> None:
         if job.answered:
-            self.jobs.pop(job.job_id, None)
+            self._forget(job)
             return
         job.attempts += died
         if job.attempts >= POISON_DEATHS:
@@ -366,13 +370,13 @@ class BrokerCore:
         else:
             self.models[job.model].enqueue(job, front=True)
             return
-        self.jobs.pop(job.job_id, None)
+        self._forget(job)
 
     def _worker_reply(self, worker: WorkerState, reply: Reply, frames: list[bytes]) -> None:
         job = worker.release(reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
-        self.jobs.pop(job.job_id, None)
+        self._forget(job)
         if not job.answered:
             job.answered = True
             self.by_client.pop((job.client, job.request_id), None)
@@ -425,10 +429,15 @@ class BrokerCore:
         job.answered = True
         self.by_client.pop((job.client, job.request_id), None)
         if job.worker is None:
-            self.jobs.pop(job.job_id, None)
+            self._forget(job)
             self.models[job.model].forget_waiting(job)
 
     # ------------------------------------------------------------ utilities
+
+    def _forget(self, job: Job) -> None:
+        """Done with a job: its deadline timer may outlive it, so let its payload go now."""
+        self.jobs.pop(job.job_id, None)
+        job.payload = b""
 
     def _send_client(self, client: bytes, reply: Reply) -> None:
         if reply.status is not Status.OK:

@@ -77,6 +77,9 @@ class Status(enum.StrEnum):
 
 
 HEADERS: Final = {command: SIGNATURE + bytes((VERSION, command)) for command in Command}
+# Lookups by value for the decoders: a dict is several times cheaper than calling the enum class.
+COMMANDS: Final = {int(command): command for command in Command}
+STATUSES: Final = {status.value: status for status in Status}
 
 
 # --------------------------------------------------------------------------
@@ -84,7 +87,10 @@ HEADERS: Final = {command: SIGNATURE + bytes((VERSION, command)) for command in 
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# Request and Reply are built for every message on the routing path; they are not frozen
+# because a frozen dataclass costs four times as much to construct (1.1 against 0.27 µs here).
+# Treat them as values all the same: nothing modifies a message after it is made.
+@dataclass(slots=True)
 class Request:
     """Work for one model. ``timeout_ms`` is relative: each hop turns it into its own clock."""
 
@@ -97,7 +103,7 @@ class Request:
     trace: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     """The one answer to a request; ``payload`` is empty unless the status is ok."""
 
@@ -138,6 +144,8 @@ class BatchCounters:
 
 
 COUNTER_KEYS: Final = frozenset(f.name for f in dataclasses.fields(BatchCounters))
+REQUEST_KEYS: Final = frozenset({"model", "items", "timeout_ms", "priority", "trace"})
+REPLY_KEYS: Final = frozenset({"status", "message", "retry_after_ms"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,10 +265,10 @@ def decode_header(frames: list[bytes]) -> Command:
         raise ProtocolError("first frame is not a zbatch header (expected b'ZB' + version + command)")
     if header[2] != VERSION:
         raise ProtocolError(f"protocol version {header[2]} is not supported; this peer speaks {VERSION}")
-    try:
-        return Command(header[3])
-    except ValueError:
-        raise ProtocolError(f"unknown command {header[3]}") from None
+    command = COMMANDS.get(header[3])
+    if command is None:
+        raise ProtocolError(f"unknown command {header[3]}")
+    return command
 
 
 def decode_client_message(frames: list[bytes]) -> ClientMessage:
@@ -316,12 +324,11 @@ def decode_reply(frames: list[bytes]) -> Reply:
     _expect_frames(frames, 4, 4)
     request_id = _check_id(frames[1])
     meta = _unpack_meta(frames[2])
-    _only_keys(meta, {"status", "message", "retry_after_ms"})
+    _only_keys(meta, REPLY_KEYS)
     raw_status = _field(meta, "status", str)
-    try:
-        status = Status(raw_status)
-    except ValueError:
-        raise ProtocolError(f"unknown status {shortened(repr(raw_status))}") from None
+    status = STATUSES.get(raw_status)
+    if status is None:
+        raise ProtocolError(f"unknown status {shortened(repr(raw_status))}")
     retry_after = _optional(meta, "retry_after_ms", int)
     if retry_after is not None and retry_after < 0:
         raise ProtocolError("retry_after_ms must not be negative")
@@ -345,7 +352,7 @@ def _decode_request(frames: list[bytes]) -> Request:
     _expect_frames(frames, 4, 4)
     request_id = _check_id(frames[1])
     meta = _unpack_meta(frames[2])
-    _only_keys(meta, {"model", "items", "timeout_ms", "priority", "trace"})
+    _only_keys(meta, REQUEST_KEYS)
     model = _check_name(_field(meta, "model", str), "model name")
     items = _field(meta, "items", int)
     if items < 1:
@@ -487,6 +494,8 @@ def _no_extension(code: int, data: bytes) -> Any:
 
 
 def _only_keys(meta: dict[Any, Any], allowed: AbstractSet[str]) -> None:
+    if meta.keys() <= allowed:  # the usual case, without building a set
+        return
     unknown = set(meta) - allowed
     if unknown:
         named = ", ".join(shortened(key) for key in sorted(map(str, unknown))[:MAX_NAMED_FIELDS])

@@ -48,6 +48,7 @@ class WorkerState:
     last_dispatch: float = float("-inf")
     in_flight: dict[bytes, Job] = field(default_factory=dict)
     in_flight_items: int = 0
+    retried_in_flight: int = 0  # jobs in flight whose previous worker died (attempts do not change in flight)
     batches: dict[str, BatchCounters] = field(default_factory=dict)
     draining: bool = False
 
@@ -62,7 +63,7 @@ class WorkerState:
     @property
     def isolating(self) -> bool:
         """Running a job whose previous worker died: it gets the worker to itself."""
-        return any(job.attempts for job in self.in_flight.values())
+        return self.retried_in_flight > 0
 
     def can_take(self, job: Job) -> bool:
         """Room for the job's items; a job larger than the whole capacity, or one that may
@@ -76,6 +77,7 @@ class WorkerState:
     def take(self, job: Job, now: float) -> None:
         self.in_flight[job.job_id] = job
         self.in_flight_items += job.items
+        self.retried_in_flight += job.attempts > 0
         self.last_dispatch = now
         job.worker = self
 
@@ -83,6 +85,7 @@ class WorkerState:
         job = self.in_flight.pop(job_id, None)
         if job is not None:
             self.in_flight_items -= job.items
+            self.retried_in_flight -= job.attempts > 0
             job.worker = None
         return job
 
