@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
+from broker import eventloop
 from broker.config import load_config
 from broker.logs import setup_logging
 from broker.server import serve
@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
     setup_logging("zbatch-broker", config.log_level, config.log_format)
     try:
-        asyncio.run(serve(config))
+        eventloop.run(serve(config))
     except OSError as exc:  # the metrics port is taken: one line beats a traceback
         sys.exit(f"zbatch-broker: error: {exc}")
 

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from broker import payloads, protocol
+from broker import multipart, payloads, protocol
 from broker.curve import CurveKeys
 from broker.protocol import Reply, Request, Status
 
@@ -245,7 +245,7 @@ class AsyncClient:
     def _try_send(self, frames: list[bytes]) -> bool:
         """A non-blocking send through the synchronous view: no future per message."""
         try:
-            self._sync.send_multipart(frames, flags=zmq.NOBLOCK)
+            multipart.send(self._sync, frames)
         except zmq.Again:
             return False
         # The socket's file descriptor is edge-triggered, and this send may have consumed the
@@ -292,7 +292,7 @@ class AsyncClient:
         """Take every reply already received, without waiting (same thread, same socket)."""
         while True:
             try:
-                self._deliver(self._sync.recv_multipart(flags=zmq.NOBLOCK))
+                self._deliver(multipart.recv(self._sync))
             except zmq.Again:
                 return
 

@@ -1,7 +1,7 @@
 """The broker's I/O shell: two ROUTER sockets around :class:`broker.core.BrokerCore`.
 
-The loop waits for either socket or the core's next wakeup, drains each
-readable socket in a burst, lets the core decide, and sends its outbox.
+A readable socket or the core's next wakeup runs one pump: drain each
+socket in a burst, let the core decide, send its outbox.
 Sends never block: ROUTER_MANDATORY turns a vanished peer into an error the
 core hears about, instead of a silent drop.
 
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from broker import multipart
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
 from broker.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
@@ -31,6 +32,7 @@ log = logging.getLogger("zbatch.broker")
 BURST = 256
 FINAL_LINGER_MS = 1_000
 FINAL_FLUSH_S = 0.2
+MAX_SLEEP_S = 0.1
 MAX_FRAME_FACTOR = 4  # the frame size libzmq refuses, in max_message_bytes (64 MiB by default)
 
 
@@ -52,7 +54,9 @@ class BrokerServer:
             sock: zmq.Socket.shadow(sock.underlying) for sock in (self.frontend, self.backend)
         }
         self._stop = asyncio.Event()
-        self._waiter: asyncio.Future[None] | None = None
+        self._pumped = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self.notifier = Notifier(self.status_line)
 
     def _router(self, endpoint: str, domain: str, *, handover: bool = False) -> zmq.asyncio.Socket:
@@ -92,17 +96,17 @@ class BrokerServer:
         log.info("zbatch-broker: clients on %s, workers on %s", self.config.frontend, self.config.backend)
         loop = asyncio.get_running_loop()
         for sync in self._sync.values():
-            loop.add_reader(sync.FD, self._wake)
+            loop.add_reader(sync.FD, self._pump)
         stop_metrics = start_metrics(self.config.metrics_host, self.config.metrics_port,
                                      lambda: broker_families(self.core))
         self.notifier.ready()  # both sockets were bound in __init__
+        self._pump()  # whatever arrived before the readers were installed
         try:
-            await self._serve(until=self._stop.is_set)
+            await self._stop.wait()
             log.info("draining: refusing new requests, waiting up to %d ms", self.config.drain_timeout_ms)
             self.core.begin_drain()
             self.notifier.stopping()
-            drain_end = time.monotonic() + self.config.drain_timeout_ms / 1000
-            await self._serve(until=lambda: self.core.idle or time.monotonic() >= drain_end)
+            await self._until_idle(self.config.drain_timeout_ms / 1000)
             self.core.abandon_all("the broker stopped before this request finished; retry")
             self._flush()
             # Let the last answers leave before the connection closes: a peer that reads them
@@ -110,62 +114,79 @@ class BrokerServer:
             await asyncio.sleep(FINAL_FLUSH_S)
         finally:
             stop_metrics()
+            if self._timer is not None:
+                self._timer.cancel()
             for sync in self._sync.values():
                 loop.remove_reader(sync.FD)
             self.close()
         log.info("zbatch-broker stopped")
 
-    async def _serve(self, until: Callable[[], bool]) -> None:
-        while not until():
-            await self._wait(max(0.0, min(0.1, self.core.next_wakeup() - time.monotonic())))
+    def _pump(self) -> None:
+        """Route everything that is ready; runs when a socket's descriptor or the core's next wakeup fires.
+
+        A plain callback, not a task awaiting a future per wakeup: at thousands of
+        messages a second the future and its timer cost more than routing.  The
+        descriptors are edge-triggered and a send may consume the edge that
+        announced input, so after sending, EVENTS is read again and the pump goes
+        round once more while either socket still has input.
+        """
+        while True:
             self._drain(self.frontend, self.core.client_message)
             self._drain(self.backend, self.core.worker_message)
             self.core.tick()
             self._flush()
-            self.notifier.tick()  # the watchdog ping proves this loop turns (it wakes at least every 100 ms)
+            if not any(sync.get(zmq.EVENTS) & zmq.POLLIN for sync in self._sync.values()):
+                break
+        self.notifier.tick()  # the watchdog ping proves the loop turns (the timer pumps at least every 100 ms)
+        self._arm_timer()
+        self._pumped.set()
 
-    async def _wait(self, timeout_s: float) -> None:
-        """Until a socket has input, or ``timeout_s``.
+    def _arm_timer(self) -> None:
+        """One timer at the core's next wakeup, at most MAX_SLEEP_S away; an earlier one already set stands."""
+        now = time.monotonic()
+        when = min(self.core.next_wakeup(), now + MAX_SLEEP_S)
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, when - now), self._on_timer)
 
-        The sockets' descriptors are edge-triggered: reading EVENTS both answers
-        "is there input?" and re-arms them, so input that came while the loop was
-        busy is seen here, and later input wakes the reader.  This replaces
-        zmq.asyncio's Poller, whose futures cost more than routing a message.
-        """
-        if any(sync.get(zmq.EVENTS) & zmq.POLLIN for sync in self._sync.values()):
-            return
-        loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, self._wake)
-        try:
-            await self._waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._pump()
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+    async def _until_idle(self, timeout_s: float) -> None:
+        """Let admitted work finish: re-check after every pump, for at most ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        while not self.core.idle and (left := end - time.monotonic()) > 0:
+            self._pumped.clear()
+            try:
+                await asyncio.wait_for(self._pumped.wait(), left)
+            except TimeoutError:
+                return
 
     def _drain(self, socket: zmq.asyncio.Socket, handle: Callable[[bytes, list[bytes]], None]) -> None:
         sync = self._sync[socket]
         for _ in range(BURST):
             try:
-                identity, *frames = sync.recv_multipart(flags=zmq.NOBLOCK)
+                identity, *frames = multipart.recv(sync)
             except zmq.Again:
                 return
             handle(identity, frames)
 
     def _flush(self) -> None:
-        outbox, self.core.outbox = self.core.outbox, []
-        for peer, identity, frames in outbox:
-            socket = self._sync[self.frontend if peer is Peer.CLIENT else self.backend]
-            try:
-                socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                # EHOSTUNREACH: the peer is gone; EAGAIN: it stopped reading (at HWM).
-                log.debug("could not send to %s %s: %s", peer.value, identity.hex(), exc)
-                self.core.unreachable(peer, identity)
+        """Send the core's outbox, and what the core decides when a peer turns out to be gone."""
+        while self.core.outbox:
+            outbox, self.core.outbox = self.core.outbox, []
+            for peer, identity, frames in outbox:
+                socket = self._sync[self.frontend if peer is Peer.CLIENT else self.backend]
+                try:
+                    multipart.send(socket, [identity, *frames])
+                except zmq.ZMQError as exc:
+                    # EHOSTUNREACH: the peer is gone; EAGAIN: it stopped reading (at HWM).
+                    log.debug("could not send to %s %s: %s", peer.value, identity.hex(), exc)
+                    self.core.unreachable(peer, identity)
 
     def close(self) -> None:
         # The last answers (drain leftovers) must still reach their clients.

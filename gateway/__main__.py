@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 
+from broker import eventloop
 from broker.logs import setup_logging
 from gateway.config import load_config
 from gateway.server import serve
@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Formatting a line per request halved the gateway's throughput when measured: opt in.
     logging.getLogger("zbatch.gateway.access").setLevel(logging.INFO if config.access_log else logging.WARNING)
     try:
-        asyncio.run(serve(config))
+        eventloop.run(serve(config))
     except OSError as exc:  # typically the port is taken; one line beats a traceback
         logging.getLogger("zbatch.gateway").error(
             "cannot serve on %s:%s: %s", config.host, config.port, exc

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
+from broker import eventloop
 from broker.logs import setup_logging
 from worker.config import load_config
 from worker.server import serve
@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
     setup_logging("zbatch-worker", config.log_level, config.log_format)
     try:
-        asyncio.run(serve(config))
+        eventloop.run(serve(config))
     except (ValueError, FileNotFoundError, OSError) as exc:
         # Startup problems (bad device, missing model folder, unknown task) end in one clear line.
         sys.exit(f"zbatch-worker: error: {exc}")

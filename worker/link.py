@@ -24,7 +24,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from broker import protocol
+from broker import multipart, protocol
 from broker.curve import CurveKeys
 from broker.protocol import BrokerToWorkerMessage, Disconnect, ProtocolError
 
@@ -82,7 +82,7 @@ class BrokerLink:
         if self._sender is None:
             return  # between connections: the broker has given these jobs up already
         try:
-            self._sender.send_multipart(frames, flags=zmq.NOBLOCK)
+            multipart.send(self._sender, frames)
         except zmq.Again:
             log.warning("dropped a message to the broker: send queue full")
         # The socket's file descriptor is edge-triggered, and this send may have consumed the
@@ -134,7 +134,7 @@ class BrokerLink:
         assert self._sender is not None
         while True:
             try:
-                frames = self._sender.recv_multipart(flags=zmq.NOBLOCK)
+                frames = multipart.recv(self._sender)
             except zmq.Again:
                 return
             self._last_heard = time.monotonic()

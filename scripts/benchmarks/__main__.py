@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from broker import eventloop
 from scripts.benchmarks import cases_infra, cases_model, cases_overload, charts, history, load, report, sections
 from scripts.benchmarks.common import Context, Settings
 from scripts.benchmarks.procs import ROOT, log
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(settings)
     started = time.monotonic()
     try:
-        failed = asyncio.run(run_cases(ctx, args.cases))
+        failed = eventloop.run(run_cases(ctx, args.cases))
     except (KeyboardInterrupt, asyncio.CancelledError):
         log("interrupted; every process this run started has been stopped")
         return 130

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from broker import payloads, protocol
+from broker import eventloop, multipart, payloads, protocol
 from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
 
 VECTOR = np.random.default_rng(0).standard_normal(384).astype(np.float32)
@@ -45,7 +45,7 @@ class EchoWorker:
         self.socket.connect(args.backend)
         self.pending: deque[Request] = deque()
         self.arrived = asyncio.Event()
-        self.counters = BatchCounters()
+        self.batches = self.items = 0  # for the heartbeats
         self._vectors: dict[int, bytes] = {}
 
     def ready(self) -> list[bytes]:
@@ -61,7 +61,7 @@ class EchoWorker:
         return protocol.encode_reply(Reply(request.request_id, Status.OK, "", payload))
 
     def heartbeat(self) -> list[bytes]:
-        return protocol.encode_heartbeat(Heartbeat({self.args.model: self.counters}))
+        return protocol.encode_heartbeat(Heartbeat({self.args.model: BatchCounters(self.batches, self.items)}))
 
     def run_instant(self) -> None:
         """Blocking loop, like the proxy's echo worker, so routing is compared like for like."""
@@ -73,10 +73,11 @@ class EchoWorker:
                 next_beat = time.monotonic() + 1.0
             if not self.socket.poll(max(1, int((next_beat - time.monotonic()) * 1000))):
                 continue
-            message = protocol.decode_broker_to_worker(self.socket.recv_multipart())
+            message = protocol.decode_broker_to_worker(multipart.recv(self.socket))
             if isinstance(message, Request):
-                self.counters = BatchCounters(self.counters.batches + 1, self.counters.items + message.items)
-                self.socket.send_multipart(self.answer(message))
+                self.batches += 1
+                self.items += message.items
+                multipart.send(self.socket, self.answer(message))
             elif isinstance(message, protocol.Disconnect):
                 self.socket.send_multipart(self.ready())
 
@@ -112,7 +113,8 @@ class EchoWorker:
             if not self.pending:
                 self.arrived.clear()
             await asyncio.sleep((self.args.batch_ms + self.args.item_ms * items) / 1000)
-            self.counters = BatchCounters(self.counters.batches + 1, self.counters.items + items)
+            self.batches += 1
+            self.items += items
             for request in batch:
                 await self.socket.send_multipart(self.answer(request))
 
@@ -138,11 +140,12 @@ def run_proxy_worker(backend: str) -> None:
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.connect(backend)
     while True:
-        client, *frames = sock.recv_multipart()
+        sock.poll()
+        client, *frames = multipart.recv(sock)
         message = protocol.decode_client_message(frames)
         if isinstance(message, Request):
             reply = Reply(message.request_id, Status.OK, "", message.payload)
-            sock.send_multipart([client, *protocol.encode_reply(reply)])
+            multipart.send(sock, [client, *protocol.encode_reply(reply)])
 
 
 def main() -> None:
@@ -163,7 +166,7 @@ def main() -> None:
     elif args.mode == "proxy-worker":
         run_proxy_worker(args.backend)
     elif args.batch_ms > 0:
-        asyncio.run(EchoWorker(args, zmq.asyncio.Context()).run_simulated())
+        eventloop.run(EchoWorker(args, zmq.asyncio.Context()).run_simulated())
     else:
         EchoWorker(args, zmq.Context()).run_instant()
 
