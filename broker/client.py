@@ -20,6 +20,7 @@ import os
 import random
 import struct
 import threading
+import time
 from typing import Any
 
 import zmq
@@ -31,6 +32,7 @@ from broker.protocol import Reply, Request, Status
 
 
 DISCONNECT_GRACE_S = 0.1
+SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 
 
 class ZBatchError(Exception):
@@ -123,7 +125,8 @@ class AsyncClient:
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
-        self._receiver: asyncio.Task[None] | None = None
+        self._poll_in = [(self._sync, zmq.POLLIN)]
+        self._reading_on: asyncio.AbstractEventLoop | None = None
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._watcher: asyncio.Task[None] | None = None
 
@@ -197,11 +200,11 @@ class AsyncClient:
         return stats
 
     async def close(self) -> None:
-        tasks = [task for task in (self._receiver, self._watcher) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._receiver = self._watcher = None
+        self._stop_reading()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
@@ -214,30 +217,44 @@ class AsyncClient:
 
     async def _exchange(self, request_id: bytes, frames: list[bytes], wait_ms: int) -> Reply:
         self._ensure_receiver()
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = future
+        timer: asyncio.TimerHandle | None = None
         try:
             await self._send_or_fail(frames)
+            # A timer on the future itself: asyncio.wait_for wraps it in more futures and callbacks,
+            # which cost more than the rest of the exchange.
+            timer = loop.call_later(wait_ms / 1000, self._give_up, future, wait_ms)
             try:
-                return await asyncio.wait_for(future, wait_ms / 1000)
-            except TimeoutError:
-                raise BrokerUnavailable(
-                    f"no answer from the broker at {self.endpoint} within {wait_ms} ms"
-                ) from None
+                return await future
             except asyncio.CancelledError:
                 self._send_cancel(request_id)
                 raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(request_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # a connection lost before the send failed: already reported by the raise
 
+    def _give_up(self, future: asyncio.Future[Reply], wait_ms: int) -> None:
+        if not future.done():
+            future.set_exception(BrokerUnavailable(f"no answer from the broker at {self.endpoint} within {wait_ms} ms"))
+
     async def _send_or_fail(self, frames: list[bytes]) -> None:
-        """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast."""
+        """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast.
+
+        The wait tries again every few milliseconds instead of awaiting the socket:
+        zmq.asyncio's poll would take over the descriptor's reader, which delivers the replies.
+        """
         if self._try_send(frames):
             return
-        if await self._socket.poll(self.connect_timeout_ms, zmq.POLLOUT) and self._try_send(frames):
-            return
+        give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
+        while time.monotonic() < give_up_at:
+            await asyncio.sleep(SEND_RETRY_S)
+            if self._try_send(frames):
+                return
         raise BrokerUnavailable(
             f"the broker at {self.endpoint} is not connected; start zbatch-broker or check the address"
         )
@@ -248,10 +265,9 @@ class AsyncClient:
             multipart.send(self._sync, frames)
         except zmq.Again:
             return False
-        # The socket's file descriptor is edge-triggered, and this send may have consumed the
-        # edge that announced a reply: the waiting receive loop would not wake, so look now.
-        if self._sync.get(zmq.EVENTS) & zmq.POLLIN:
-            self._deliver_queued_replies()
+        # The socket's descriptor is edge-triggered, and this send may have consumed the
+        # edge that announced a reply: the reader would not wake for it, so look now.
+        self._deliver_queued_replies()
         return True
 
     def _send_cancel(self, request_id: bytes) -> None:
@@ -262,11 +278,19 @@ class AsyncClient:
         self._try_send(protocol.encode_cancel(request_id))
 
     def _ensure_receiver(self) -> None:
+        """Replies are taken by a reader on the socket's descriptor: no task or future per wakeup."""
         loop = asyncio.get_running_loop()
-        if self._receiver is None or self._receiver.done():
-            self._receiver = loop.create_task(self._receive_loop())
+        if self._reading_on is not loop:
+            self._stop_reading()
+            loop.add_reader(self._sync.FD, self._deliver_queued_replies)
+            self._reading_on = loop
         if self._watcher is None or self._watcher.done():
             self._watcher = loop.create_task(self._watch_connection())
+
+    def _stop_reading(self) -> None:
+        if self._reading_on is not None and not self._reading_on.is_closed():
+            self._reading_on.remove_reader(self._sync.FD)
+        self._reading_on = None
 
     async def _watch_connection(self) -> None:
         """When the connection drops, fail what is pending now: the broker lost it anyway."""
@@ -282,19 +306,14 @@ class AsyncClient:
                 if not future.done():
                     future.set_exception(lost)
 
-    async def _receive_loop(self) -> None:
-        """Wake when replies arrive, then take all of them in one burst."""
-        while True:
-            await self._socket.poll(flags=zmq.POLLIN)
-            self._deliver_queued_replies()
-
     def _deliver_queued_replies(self) -> None:
-        """Take every reply already received, without waiting (same thread, same socket)."""
-        while True:
-            try:
-                self._deliver(multipart.recv(self._sync))
-            except zmq.Again:
-                return
+        """Take every reply already received, without waiting (same thread, same socket).
+
+        zmq_poll asks whether one is there (1 us) where a failed recv raises (4 us);
+        it also re-arms the edge-triggered descriptor, so the next reply wakes the reader.
+        """
+        while zmq.zmq_poll(self._poll_in, 0):
+            self._deliver(multipart.recv(self._sync))
 
     def _deliver(self, frames: list[bytes]) -> None:
         try:

@@ -1,7 +1,7 @@
 """The broker's I/O shell: two ROUTER sockets around :class:`broker.core.BrokerCore`.
 
-A readable socket or the core's next wakeup runs one pump: drain each
-socket in a burst, let the core decide, send its outbox.
+A readable socket or the core's next wakeup runs one pump: take the
+messages waiting on either socket, let the core decide, send its outbox.
 Sends never block: ROUTER_MANDATORY turns a vanished peer into an error the
 core hears about, instead of a silent drop.
 
@@ -16,7 +16,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -29,7 +28,6 @@ from broker.metrics import broker_families, start_metrics
 from broker.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.broker")
-BURST = 256
 FINAL_LINGER_MS = 1_000
 FINAL_FLUSH_S = 0.2
 MAX_SLEEP_S = 0.1
@@ -53,6 +51,9 @@ class BrokerServer:
         self._sync = {
             sock: zmq.Socket.shadow(sock.underlying) for sock in (self.frontend, self.backend)
         }
+        self._inputs = [(sync, zmq.POLLIN) for sync in self._sync.values()]
+        self._handlers = {self._sync[self.frontend]: self.core.client_message,
+                          self._sync[self.backend]: self.core.worker_message}
         self._stop = asyncio.Event()
         self._pumped = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -125,18 +126,24 @@ class BrokerServer:
         """Route everything that is ready; runs when a socket's descriptor or the core's next wakeup fires.
 
         A plain callback, not a task awaiting a future per wakeup: at thousands of
-        messages a second the future and its timer cost more than routing.  The
-        descriptors are edge-triggered and a send may consume the edge that
-        announced input, so after sending, EVENTS is read again and the pump goes
-        round once more while either socket still has input.
+        messages a second the future and its timer cost more than routing.  Each
+        round asks zmq_poll which sockets hold a message (one C call for both:
+        1.6 us, where a failed non-blocking recv costs 4.4 us to raise), takes one
+        message from each, and sends what the core decided at once.  The socket
+        descriptors are edge-triggered; zmq_poll also re-arms them, so when it
+        finds nothing, the next input wakes this callback again.
         """
-        while True:
-            self._drain(self.frontend, self.core.client_message)
-            self._drain(self.backend, self.core.worker_message)
-            self.core.tick()
+        inputs = self._inputs
+        while ready := zmq.zmq_poll(inputs, 0):
+            for socket, _ in ready:
+                try:
+                    identity, *frames = multipart.recv(socket)
+                except zmq.Again:  # announced but gone (a peer dropped for an oversized frame)
+                    continue
+                self._handlers[socket](identity, frames)
             self._flush()
-            if not any(sync.get(zmq.EVENTS) & zmq.POLLIN for sync in self._sync.values()):
-                break
+        self.core.tick()
+        self._flush()
         self.notifier.tick()  # the watchdog ping proves the loop turns (the timer pumps at least every 100 ms)
         self._arm_timer()
         self._pumped.set()
@@ -165,15 +172,6 @@ class BrokerServer:
                 await asyncio.wait_for(self._pumped.wait(), left)
             except TimeoutError:
                 return
-
-    def _drain(self, socket: zmq.asyncio.Socket, handle: Callable[[bytes, list[bytes]], None]) -> None:
-        sync = self._sync[socket]
-        for _ in range(BURST):
-            try:
-                identity, *frames = multipart.recv(sync)
-            except zmq.Again:
-                return
-            handle(identity, frames)
 
     def _flush(self) -> None:
         """Send the core's outbox, and what the core decides when a peer turns out to be gone."""

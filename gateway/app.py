@@ -8,13 +8,13 @@ clients parse a single error shape and never see a traceback.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 import numpy as np
+import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
@@ -173,8 +173,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not body:
         raise bad_request("the body is empty; send a JSON object")
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
         raise bad_request("the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")

@@ -11,6 +11,7 @@ any other name is counted as ``other``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -34,7 +35,24 @@ class GatewayMetrics:
                                   ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.in_flight = Gauge("zbatch_gateway_requests_in_flight", "Inference requests being answered",
                                registry=self.registry)
+        self.active = 0  # read when Prometheus scrapes: no lock per request
+        self.in_flight.set_function(lambda: self.active)
         self.models = set(models)
+        # Labelled children by (model, status): labels() takes a lock and builds a key on every call.
+        self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def answered(self, model: str | None, status: int, seconds: float) -> None:
+        """Count one inference request and its duration under its model's label."""
+        key = (model or "", status)
+        children = self._answered.get(key)
+        if children is None:
+            label = self.label(model, status)
+            children = (self.requests.labels(label, str(status)), self.duration.labels(label))
+            if label == model:  # only known models: callers choose the names, the cache must stay small
+                self._answered[key] = children
+        counter, histogram = children
+        counter.inc()
+        histogram.observe(seconds)
 
     def label(self, model: str | None, status: int) -> str:
         if model is not None and 200 <= status < 300:
@@ -59,16 +77,15 @@ async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     started = time.perf_counter()
     status = CLIENT_CLOSED
-    metrics.in_flight.inc()
+    metrics.active += 1
     try:
         response = await handler(request)
         status = response.status
         return response
     finally:
-        metrics.in_flight.dec()
-        model = metrics.label(request.get(MODEL) or request.match_info.get("model"), status)
-        metrics.requests.labels(model, str(status)).inc()
-        metrics.duration.labels(model).observe(time.perf_counter() - started)
+        metrics.active -= 1
+        metrics.answered(request.get(MODEL) or request.match_info.get("model"), status,
+                         time.perf_counter() - started)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
