@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from broker import multipart, payloads, protocol
+from broker.breaker import OverloadBreaker, Ticket
 from broker.curve import CurveKeys
 from broker.protocol import Reply, Request, Status
 
@@ -103,15 +104,22 @@ class AsyncClient:
         connect_timeout_ms: int = 500,
         overload_retries: int = 0,
         retry_backoff_ms: int = 50,
+        fail_fast_overload: bool = True,
         curve: CurveKeys | None = None,
     ) -> None:
-        """``curve``: the broker's public key and this client's key pair, for a broker with CURVE on."""
+        """``curve``: the broker's public key and this client's key pair, for a broker with CURVE on.
+
+        ``fail_fast_overload``: once the broker refuses a model as overloaded, refuse further
+        requests for it (at that priority) here, at once, while one of them asks the broker
+        again (see :mod:`broker.breaker`); they get the same ``overloaded`` answer, sooner.
+        """
         self.endpoint = endpoint
         self.connect_timeout_ms = connect_timeout_ms
         self.overload_retries = overload_retries
         self.retry_backoff_ms = retry_backoff_ms
         self.timeout_ms = timeout_ms
         self.reply_grace_ms = reply_grace_ms
+        self._breaker = OverloadBreaker() if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -186,10 +194,24 @@ class AsyncClient:
         Without ``timeout_ms`` the broker applies its default; ``self.timeout_ms``
         should match it, since it bounds how long this side waits.
         """
+        key = (model, priority)
+        ticket = Ticket.NORMAL if self._breaker is None else self._breaker.admit(key)
+        if ticket is None:
+            assert self._breaker is not None
+            return Reply(b"", Status.OVERLOADED, f"model {model!r} is overloaded: the broker refused a request "
+                         "for it moments ago and is being asked again; retry later",
+                         retry_after_ms=self._breaker.retry_after_ms.get(key))
         request_id = self._new_id()
         frames = protocol.encode_request(Request(request_id, model, items, payload, timeout_ms, priority, trace))
         wait_ms = (self.timeout_ms if timeout_ms is None else timeout_ms) + self.reply_grace_ms
-        return await self._exchange(request_id, frames, wait_ms)
+        reply: Reply | None = None
+        try:
+            reply = await self._exchange(request_id, frames, wait_ms)
+            return reply
+        finally:
+            if self._breaker is not None:
+                overloaded = reply is not None and reply.status is Status.OVERLOADED
+                self._breaker.settle(key, ticket, overloaded, reply.retry_after_ms if reply else None)
 
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
         """The broker's statistics: models, backlogs, workers, batches."""

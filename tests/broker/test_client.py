@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from broker.client import AsyncClient, Client, Overloaded, UnknownModel
-from tests.daemons import Daemon, running_stack
+from tests.daemons import Daemon, broker_stats, running_stack, wait_until
 from worker.models import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
@@ -42,3 +43,44 @@ def test_overload_is_retried_with_backoff_when_asked(log_dir: Path) -> None:
         with_retries = asyncio.run(burst(100))
     assert any(isinstance(r, Overloaded) for r in without)
     assert all(isinstance(r, list) for r in with_retries)
+
+
+def test_an_overloaded_model_is_refused_here_while_one_request_asks_the_broker(log_dir: Path) -> None:
+    """The worker is paused (SIGSTOP), so the backlog stays full until SIGCONT."""
+    slow_heartbeats = {"heartbeat_ms": 2000, "heartbeat_liveness": 10}
+    worker = {"capacity": 1, "max_batch_size": 1} | slow_heartbeats
+    broker = {"max_backlog": 2} | slow_heartbeats
+    with running_stack(log_dir, workers=1, broker=broker, worker=worker, gateway=False) as stack:
+        frontend = stack["broker"].frontend
+
+        def refused_by_broker() -> int:
+            stats = broker_stats(frontend) or {"models": {}}
+            return int(stats["models"].get(MODEL, {}).get("requests", {}).get("overloaded", 0))
+
+        async def scenario() -> tuple[list[object], list[object], int, list[object]]:
+            async with AsyncClient(frontend) as client:
+                stack["w1"].signal(signal.SIGSTOP)
+                try:
+                    held = [asyncio.create_task(client.infer(MODEL, [f"held {i}"])) for i in range(3)]
+                    backlog_full = lambda: (broker_stats(frontend) or {"models": {}})["models"].get(MODEL, {})
+                    await asyncio.to_thread(wait_until, lambda: backlog_full().get("backlog_items") == 2, 30,
+                                            "one request on the paused worker and two waiting")
+                    first = await asyncio.gather(client.infer(MODEL, ["opens"]), return_exceptions=True)
+                    # Issued together: the first goes to the broker as the probe, the second is refused here.
+                    pair = await asyncio.gather(client.infer(MODEL, ["probe"]), client.infer(MODEL, ["local"]),
+                                                return_exceptions=True)
+                    refusals = await asyncio.to_thread(refused_by_broker)
+                finally:
+                    stack["w1"].signal(signal.SIGCONT)
+                held_results = await asyncio.gather(*held)
+                # The breaker is open: this one probes, gets in, and closes it for those that follow.
+                after = [await client.infer(MODEL, ["after the pause"])]
+                after += await asyncio.gather(*(client.infer(MODEL, [f"after {i}"]) for i in range(3)),
+                                              return_exceptions=True)
+            return first + pair, held_results, refusals, after
+
+        refused, held, broker_refusals, after = asyncio.run(scenario())
+    assert all(isinstance(r, Overloaded) for r in refused)
+    assert broker_refusals == 2  # "opens" and the probe; "local" never reached the broker
+    assert "moments ago" in str(refused[2])
+    assert all(isinstance(r, list) for r in [*held, *after])
