@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 # Queue and inference times: 1 ms to a minute (the longest deadline a client may ask for).
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-# Batch sizes, in items.
-SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Batch sizes, in items: fine enough below the default cap of 32 to tell 31 + 1 from 16 + 16.
+SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 31, 32, 48, 64, 128, 256)
 
 
 @dataclass(slots=True)

@@ -16,26 +16,32 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from broker import eventloop
-from scripts.benchmarks import cases_infra, cases_model, cases_overload, charts, history, load, report, sections
+from scripts.benchmarks import (
+    cases_infra,
+    cases_model,
+    cases_overload,
+    charts,
+    history,
+    load,
+    report,
+    sections,
+    targets,
+)
 from scripts.benchmarks.common import Context, Settings
 from scripts.benchmarks.procs import ROOT, log
 
 Case = Callable[[Context], Awaitable[None]]
-# Run order keeps the cases that share the real zbatch stack together, so it starts once, and runs the
-# baselines before them, so the storm finds baseline-batched's capacity instead of measuring it again.
-CASES: dict[str, Case] = {
-    "limit": cases_model.limit,
-    "baseline-naive": cases_model.baseline_naive,
-    "baseline-batched": cases_model.baseline_batched,
-    "zbatch-http": cases_model.zbatch_http,
-    "zbatch-zmq": cases_model.zbatch_zmq,
+# The model cases run together, interleaved in rounds (cases_model.run); the others one after another.
+OTHER_CASES: dict[str, Case] = {
     "overload": cases_overload.overload,
     "storm": cases_overload.storm,
     "routing": cases_infra.routing,
     "gateway": cases_infra.gateway,
     "scale": cases_infra.scale,
 }
-USES_ZBATCH_STACK = frozenset({"zbatch-http", "zbatch-zmq", "overload", "storm"})
+CASES = (*cases_model.CASES, *OTHER_CASES)
+# The long-lived systems each case uses (see Context.release); the model cases' come from cases_model.needs.
+NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -63,25 +69,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def run_cases(ctx: Context, names: list[str]) -> list[str]:
-    """Run each case; a failing case is reported and the others still run. Returns the failed ones."""
+    """Run each step; a failing step is reported and the others still run. Returns the failed cases."""
+    model = [n for n in names if n in cases_model.CASES]
+    steps: list[tuple[list[str], Callable[[], Awaitable[None]]]] = []
+    if model:
+        steps.append((model, lambda: cases_model.run(ctx, model)))
+    steps += [([n], lambda n=n: OTHER_CASES[n](ctx)) for n in names if n in OTHER_CASES]  # type: ignore[misc]
     failed: list[str] = []
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
-        for i, name in enumerate(names):
+        for i, (members, step) in enumerate(steps):
             started = time.monotonic()
-            log(f"=== case {name} ===")
+            log(f"=== {', '.join(members)} ===")
             try:
-                await CASES[name](ctx)
+                await step()
             except Exception:
-                log(f"case {name} FAILED:\n{traceback.format_exc()}")
-                failed.append(name)
-            log(f"=== case {name} done in {time.monotonic() - started:.0f} s ===")
-            if not USES_ZBATCH_STACK & set(names[i + 1:]):
-                ctx.close_zbatch()
+                log(f"{', '.join(members)} FAILED:\n{traceback.format_exc()}")
+                failed += members
+            log(f"=== {', '.join(members)} done in {time.monotonic() - started:.0f} s ===")
+            later = [name for later_members, _ in steps[i + 1:] for name in later_members]
+            await ctx.release(cases_model.needs(later).union(*(NEEDS.get(name, set()) for name in later)))
     finally:
-        ctx.close_zbatch()
+        await ctx.release(set())
     return failed
 
 
@@ -117,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         log("charts skipped (no results to chart, or matplotlib is not installed)")
     links = [os.path.relpath(p, md_dir) for p in pngs]
     md_path = md_dir / "BENCHMARKS.md"
-    past = history.section(history.previous(md_path), args.note, ctx.rows, args.quick)
     details = sections.details(ctx.rows)
-    md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, details, past))
+    parts = {"targets": targets.section(ctx.rows), "details": details,
+             "analysis": [line for line in history.previous(md_path, report.ANALYSIS_HEADING)
+                          if line != report.ANALYSIS_PLACEHOLDER],
+             "history": history.section(history.previous(md_path), args.note, ctx.rows, args.quick)}
+    md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, parts))
     report.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),
                       failed)
-    print("\n".join([report.table(ctx.rows), *details]))
+    print("\n".join([report.table(ctx.rows), *parts["targets"], *details]))
     log(f"wrote {md_dir / 'BENCHMARKS.md'}, {data_dir / 'bench-results.json'}"
         + (f" and {len(pngs)} chart(s) in {data_dir}" if pngs else "") + f" in {time.monotonic() - started:.0f} s")
     if failed:

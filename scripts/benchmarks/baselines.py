@@ -20,18 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
+from scripts.benchmarks.model import load
+
 QUEUE = web.AppKey("queue", asyncio.Queue)
 BATCHED = web.AppKey("batched", bool)
 MAX_BATCH, MAX_DELAY_S, MAX_QUEUED = 32, 0.005, 256
-
-
-def load(threads: int) -> Any:
-    import torch
-
-    from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, load_runner
-
-    torch.set_num_threads(threads)
-    return load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
 
 
 async def naive_loop(queue: asyncio.Queue, runner: Any) -> None:

@@ -23,6 +23,7 @@ from scripts.benchmarks.procs import MODEL, Procs
 from scripts.benchmarks.texts import shuffled
 
 ECHO_WORKERS = 2
+PYTHON_FLOOR = "Python forwarder, no logic"
 MAX_BATCH = 32
 
 
@@ -43,9 +44,10 @@ class Sim:
         return workers * MAX_BATCH / (self.batch_ms + self.item_ms * MAX_BATCH) * 1000
 
 
-# CPU-class: like all-MiniLM-L6-v2 on this CPU (batch 1: 17-26 ms, batch 32 of ~36-token texts: ~410 ms).
+# CPU-class: like all-MiniLM-L6-v2 on this CPU (batch 1: 10-20 ms, batch 32 of ~36-token texts: 240-400 ms).
 # GPU-class: a model so cheap that the broker and the Python client on 2 cores become the limit.
-SIMS = (Sim("CPU-class", 15.0, 7.0), Sim("GPU-class", 5.0, 0.2))
+CPU_CLASS = Sim("CPU-class", 15.0, 7.0)
+SIMS = (CPU_CLASS, Sim("GPU-class", 5.0, 0.2))
 
 
 async def _zmq_runs(ctx: Context, case: str, system: str, frontend: str, concurrency: tuple[int, ...],
@@ -69,7 +71,12 @@ async def _answers(frontend: str) -> bool:
 
 
 async def routing(ctx: Context) -> None:
-    """The zbatch broker vs libzmq's zmq.proxy, each with 2 instant echo workers and the same client."""
+    """The zbatch broker vs libzmq's zmq.proxy, each with 2 instant echo workers and the same client.
+
+    A third row, a Python forwarder with no logic at all on the same event loop
+    and socket calls as the broker, is the floor for any broker written in
+    Python: the share of zmq.proxy that routing costs before any scheduling.
+    """
     p = Procs()
     try:
         procs.log(f"routing: zbatch broker with {ECHO_WORKERS} echo workers")
@@ -78,17 +85,18 @@ async def routing(ctx: Context) -> None:
         await _zmq_runs(ctx, "routing", "zbatch broker", frontend, ctx.settings.side_concurrency, p)
     finally:
         p.close()
-    p = Procs()
-    try:
-        procs.log(f"routing: zmq.proxy with {ECHO_WORKERS} echo workers")
-        frontend, backend = procs.endpoint(), procs.endpoint()
-        p.spawn("scripts.benchmarks.echo_worker", "proxy", "proxy", "--frontend", frontend, "--backend", backend)
-        for i in range(ECHO_WORKERS):
-            p.spawn("scripts.benchmarks.echo_worker", f"proxy-echo{i}", "proxy-worker", "--backend", backend)
-        await p.wait(lambda: _answers(frontend), "zmq.proxy and its echo workers to answer")
-        await _zmq_runs(ctx, "routing", "zmq.proxy", frontend, ctx.settings.side_concurrency, p)
-    finally:
-        p.close()
+    for mode, system in (("proxy", "zmq.proxy"), ("forwarder", PYTHON_FLOOR)):
+        p = Procs()
+        try:
+            procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
+            frontend, backend = procs.endpoint(), procs.endpoint()
+            p.spawn("scripts.benchmarks.echo_worker", mode, mode, "--frontend", frontend, "--backend", backend)
+            for i in range(ECHO_WORKERS):
+                p.spawn("scripts.benchmarks.echo_worker", f"{mode}-echo{i}", "proxy-worker", "--backend", backend)
+            await p.wait(lambda: _answers(frontend), f"{system} and its echo workers to answer")
+            await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, p)
+        finally:
+            p.close()
 
 
 async def gateway(ctx: Context) -> None:

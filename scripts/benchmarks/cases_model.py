@@ -1,87 +1,185 @@
-"""Cases with the real model: the ceiling, zbatch over HTTP and ZeroMQ, the two baselines (overload: cases_overload)."""
+"""Cases with the real model: the limit, zbatch over HTTP and ZeroMQ, the Hugging Face guide's two servers.
+
+They run together, in rounds.  This machine drifts by 10-30 % within a
+minute (another VM's load on the host), so a comparison only holds between
+points measured close together: every system stays up, each round measures
+every point once, the limit at a batch size right before the systems at the
+matching concurrency, and each row reports the median over the rounds.  The
+ratios that the targets use are taken inside each round and then the median
+is reported (``paired``), so drift between rounds cancels out.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from broker.client import AsyncClient
-from scripts.benchmarks import procs
+from scripts.benchmarks import batches, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, row
-from scripts.benchmarks.load import QUIET, closed_loop, quiet
-from scripts.benchmarks.procs import MODEL, ROOT, Procs
+from scripts.benchmarks.load import closed_loop, quiet
+from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")
+SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
+                "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched"}
+LIMIT_POINTS = ((1, False), (8, False), (32, False), (32, True))  # (batch size, padding-aware grouping)
 
-async def limit(ctx: Context) -> None:
-    """The model in a tight loop in its own process: what any server on this box can approach at best."""
+
+@dataclass(frozen=True)
+class Point:
+    case: str
+    system: str
+    concurrency: int | str
+
+    def key(self) -> tuple[str, str, int | str]:
+        return self.case, self.system, self.concurrency
+
+
+def limit_name(batch_size: int, grouped: bool) -> str:
+    return f"direct, batch {batch_size}" + (", grouped by length" if grouped else "")
+
+
+def needs(selected: list[str]) -> set[str]:
+    """The long-lived systems the selected model cases run on (names as in Context.release)."""
+    wanted = {"limit": "limit", "zbatch-http": "zbatch", "zbatch-zmq": "zbatch",
+              "baseline-naive": "naive", "baseline-batched": "batched"}
+    return {wanted[case] for case in selected if case in wanted}
+
+
+async def run(ctx: Context, selected: list[str]) -> None:
+    """Every selected model case, ``settings.rounds`` times, interleaved; then one row per point."""
+    measures = await _measures(ctx, selected)
+    results: dict[tuple[str, str, int | str], list[dict[str, Any]]] = {}
+    for number in range(1, ctx.settings.rounds + 1):
+        procs.log(f"model cases: round {number} of {ctx.settings.rounds}")
+        for point, measure in _round(ctx, selected, measures):
+            procs.log(f"{point.case}: {point.system} at {point.concurrency}")
+            await quiet()
+            results.setdefault(point.key(), []).append(await measure())
+    for (case, system, concurrency), rounds in results.items():
+        ctx.rows.append(row(case, system, concurrency, _median(rounds), rounds=rounds,
+                            worker_batches=batches.merge([r.get("worker_batches", {}) for r in rounds])))
+    _pair(ctx.rows)
+
+
+Measure = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int], Measure]]
+           ) -> list[tuple[Point, Measure]]:
+    """One round's points: each limit batch size right before the systems at the matching concurrency."""
+    order: list[tuple[Point, Measure]] = []
+    limits = list(LIMIT_POINTS) if "limit" in selected else []
+    for c in ctx.settings.concurrency:
+        for batch_size, grouped in [p for p in limits if p[0] <= c]:
+            limits.remove((batch_size, grouped))
+            order.append((Point("limit", limit_name(batch_size, grouped), "-"),
+                          _limit_measure(ctx, batch_size, grouped)))
+        order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in CASES if case in measures]
+    order += [(Point("limit", limit_name(b, g), "-"), _limit_measure(ctx, b, g)) for b, g in limits]
+    return order
+
+
+def _limit_measure(ctx: Context, batch_size: int, grouped: bool) -> Measure:
+    async def measure() -> dict[str, Any]:
+        s = ctx.settings
+        limit = await ctx.limit()
+        return await limit.measure(batch_size, grouped, s.warmup_s, s.duration_s)
+
+    return measure
+
+
+async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[int], Measure]]:
+    """Start the systems (limit first: it is the reference) and return one measure-maker per served case."""
     s = ctx.settings
-    procs.log("limit: model called directly at batch 1, 8, 32")
-    await quiet()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scripts.benchmarks.limit", "--warmup-s", str(s.warmup_s),
-        "--duration-s", str(s.duration_s), "--quiet-wait", str(QUIET["wait_s"]), "--retries", str(QUIET["retries"]),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE)
-    try:
-        out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the limit subprocess failed with exit code {proc.returncode}")
-    data = json.loads(out)
-    for result in data["results"]:
-        ctx.rows.append(row("limit", f"direct, batch {result['batch_size']}", "-", result, torch=data["torch"]))
+    if "limit" in selected:
+        await ctx.limit()
+    makers: dict[str, Callable[[int], Measure]] = {}
+    if "zbatch-http" in selected or "zbatch-zmq" in selected:
+        stack = await ctx.zbatch()
+        client = AsyncClient(stack.frontend)  # closed by the process's exit; one for all rounds
+
+        def zbatch_measure(http: bool) -> Callable[[int], Measure]:
+            def maker(c: int) -> Measure:
+                async def measure() -> dict[str, Any]:
+                    before = await stack.batches()
+                    if http:
+                        async with http_session(limit=c) as session:
+                            result = await closed_loop(http_call(session, stack.url, shuffled()), c, s.warmup_s,
+                                                       s.duration_s, watch=stack.procs.pids())
+                    else:
+                        result = await closed_loop(zmq_infer_call(client, MODEL, shuffled()), c, s.warmup_s,
+                                                   s.duration_s, watch=stack.procs.pids())
+                    return result | {"worker_batches": batches.difference(before, await stack.batches())}
+                return measure
+            return maker
+
+        if "zbatch-http" in selected:
+            makers["zbatch-http"] = zbatch_measure(http=True)
+        if "zbatch-zmq" in selected:
+            makers["zbatch-zmq"] = zbatch_measure(http=False)
+    for mode in ("naive", "batched"):
+        if f"baseline-{mode}" in selected:
+            baseline = await ctx.baseline(mode)
+
+            def baseline_maker(c: int, baseline: Any = baseline) -> Measure:
+                async def measure() -> dict[str, Any]:
+                    async with http_session(limit=c) as session:
+                        return await closed_loop(http_call(session, baseline.url, shuffled()), c, s.warmup_s,
+                                                 s.duration_s, watch=baseline.procs.pids())
+                return measure
+
+            makers[f"baseline-{mode}"] = baseline_maker
+    return makers
 
 
-async def _closed_http(ctx: Context, case: str, system: str, url: str, concurrency: tuple[int, ...],
-                       batch_log: Any = None) -> None:
-    s = ctx.settings
-    for c in concurrency:
-        procs.log(f"{case}: {system} at concurrency {c}")
-        since = batch_log.log_offset() if batch_log else 0
-        async with http_session(limit=c) as session:
-            result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s)
-        extra = {"worker_batches": batch_log.batch_sizes(since)} if batch_log else {}
-        ctx.rows.append(row(case, system, c, result, **extra))
+def _median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A point's result: medians over the rounds, errors summed, the most disturbed round's noise."""
+    def med(key: str) -> float | None:
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    cpu = [r.get("cpu_us_per_req") or {} for r in rounds]
+    names = set().union(*cpu)
+    return {"req_s": med("req_s"), "texts_s": med("texts_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "errors": sum(r.get("errors", 0) for r in rounds), "requests": sum(r.get("requests", 0) for r in rounds),
+            "other_cores": max((r.get("other_cores") or 0.0 for r in rounds), default=None),
+            "cpu_us_per_req": {n: statistics.median(c[n] for c in cpu if n in c) for n in sorted(names)},
+            "late": sum(r.get("late", 0) for r in rounds)}
 
 
-async def zbatch_http(ctx: Context) -> None:
-    stack = await ctx.zbatch()
-    await _closed_http(ctx, "zbatch-http", "zbatch gateway", stack.url, ctx.settings.concurrency, stack)
+def _pair(rows: list[dict[str, Any]]) -> None:
+    """Ratios inside each round, then their median, for each served row (detail ``paired``).
+
+    ``vs_limit``: texts/s over the limit at batch 32, ungrouped (the offline rate);
+    ``vs_naive``, ``vs_batched``: over the HF guide's servers at the same concurrency;
+    ``p50_over_limit_ms``: at concurrency 1, p50 minus the limit's batch-1 p50.
+    """
+    by_key = {(r["case"], r["system"], r["concurrency"]): r for r in rows if r["detail"].get("rounds")}
+    limit32 = by_key.get(("limit", limit_name(32, False), "-"))
+    limit1 = by_key.get(("limit", limit_name(1, False), "-"))
+    for (case, _, c), r in by_key.items():
+        if case not in SYSTEM_NAMES:
+            continue
+        paired: dict[str, float] = {}
+        if limit32 is not None:
+            paired["vs_limit"] = _paired(r, limit32, lambda a, b: a["texts_s"] / b["texts_s"])
+        for mode in ("naive", "batched"):
+            baseline = by_key.get((f"baseline-{mode}", SYSTEM_NAMES[f"baseline-{mode}"], c))
+            if baseline is not None and baseline is not r:
+                paired[f"vs_{mode}"] = _paired(r, baseline, lambda a, b: a["texts_s"] / b["texts_s"])
+        if c == 1 and limit1 is not None:
+            paired["p50_over_limit_ms"] = _paired(r, limit1, lambda a, b: a["p50_ms"] - b["p50_ms"])
+        r["detail"]["paired"] = {k: v for k, v in paired.items() if v is not None}
 
 
-async def zbatch_zmq(ctx: Context) -> None:
-    stack = await ctx.zbatch()
-    s = ctx.settings
-    async with AsyncClient(stack.frontend) as client:
-        for c in s.concurrency:
-            procs.log(f"zbatch-zmq: AsyncClient at concurrency {c}")
-            since = stack.log_offset()
-            result = await closed_loop(zmq_infer_call(client, MODEL, shuffled()), c, s.warmup_s, s.duration_s)
-            ctx.rows.append(row("zbatch-zmq", "zbatch AsyncClient", c, result,
-                                worker_batches=stack.batch_sizes(since)))
-
-
-async def _baseline(ctx: Context, mode: str) -> None:
-    p = Procs()
-    try:
-        procs.log(f"baseline-{mode}: starting the server (loads the model)")
-        url = await procs.start_http_server(p, "scripts.benchmarks.baselines", f"baseline-{mode}", mode,
-                                            "--threads", "2")
-        await _closed_http(ctx, f"baseline-{mode}", f"HF guide, {mode}", f"{url}/models/{MODEL}",
-                           ctx.settings.concurrency)
-    finally:
-        p.close()
-
-
-async def baseline_naive(ctx: Context) -> None:
-    await _baseline(ctx, "naive")
-
-
-async def baseline_batched(ctx: Context) -> None:
-    await _baseline(ctx, "batched")
+def _paired(r: dict[str, Any], ref: dict[str, Any], compare: Callable[[dict[str, Any], dict[str, Any]], float]
+            ) -> float | None:
+    values = [compare(a, b) for a, b in zip(r["detail"]["rounds"], ref["detail"]["rounds"], strict=False)
+              if a.get("texts_s") and b.get("texts_s") and a.get("p50_ms") is not None and b.get("p50_ms") is not None]
+    return statistics.median(values) if values else None

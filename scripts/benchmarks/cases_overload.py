@@ -3,17 +3,27 @@
 Both compare what gets served with the capacity measured in the same run
 (req/s at concurrency 32), since on a shared 2-core box only ratios travel.
 The storm runs against zbatch and against the HF guide's batching done right.
+
+Both also run against zbatch with a *simulated accelerator*: a worker whose
+batches take as long as the real model's on this CPU (15 ms + 7 ms per item)
+but sleep instead of computing.  On this machine the real model needs both
+cores, so clients that retry at once take CPU from it whatever the server
+does; with the model's work off the CPU, as on a GPU host, what remains is
+what the broker and the gateway make of the storm.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gateway.config import GatewayConfig
-from scripts.benchmarks import procs
+from scripts.benchmarks import batches, procs
 from scripts.benchmarks.calls import http_call, http_session
-from scripts.benchmarks.common import Context, ZbatchStack, row
+from scripts.benchmarks.cases_infra import CPU_CLASS
+from scripts.benchmarks.common import Context, row
 from scripts.benchmarks.load import closed_loop, open_loop
+from scripts.benchmarks.probe import run_probe
 from scripts.benchmarks.procs import MODEL, Procs
 from scripts.benchmarks.texts import shuffled
 
@@ -21,6 +31,8 @@ OVERLOAD_FACTOR = 4.0
 CAPACITY_CONCURRENCY = 32
 STORM_CLIENTS = 512
 REFUSED = frozenset({"503"})
+ACCELERATOR = "zbatch gateway, simulated accelerator"
+PROBE_RATE = 50.0  # requests/s the probe sends during a storm
 
 
 async def capacity(ctx: Context, case: str, url: str) -> float:
@@ -38,67 +50,98 @@ async def capacity(ctx: Context, case: str, url: str) -> float:
     return ctx.capacities[case]
 
 
+async def _accelerator_stack(p: Procs) -> str:
+    """Broker, one simulated accelerator worker, gateway; returns the URL to POST to."""
+    frontend, backend = await procs.start_broker(p)
+    await procs.start_echo_workers(p, frontend, backend, 1, *CPU_CLASS.flags(), "--outputs", "vector")
+    return f"{await procs.start_gateway(p, frontend)}/models/{MODEL}"
+
+
+async def _overload(ctx: Context, system: str, url: str, measured: float) -> dict[str, Any]:
+    s = ctx.settings
+    rate = OVERLOAD_FACTOR * measured
+    procs.log(f"overload: {system}: {rate:.0f} req/s offered (4 x {measured:.0f}) for {s.overload_s:.0f} s")
+    async with http_session(limit=4096) as session:
+        return await open_loop(http_call(session, url, shuffled()), rate, s.overload_s, s.overload_grace_s)
+
+
+def _overload_row(system: str, result: dict[str, Any], measured: float, **detail: Any) -> dict[str, Any]:
+    refused = result["all_latency_by_status"].get("503", {})
+    return row("overload", system, f"{OVERLOAD_FACTOR * measured:.0f}/s offered", result, capacity_req_s=measured,
+               factor=OVERLOAD_FACTOR, p99_503_ms=refused.get("p99_ms"), **detail)
+
+
 async def overload(ctx: Context) -> None:
     """Open loop at 4x the measured capacity: does zbatch keep serving, and refuse the rest quickly?"""
-    s = ctx.settings
     stack = await ctx.zbatch()
     measured = await capacity(ctx, "zbatch-http", stack.url)
-    rate = OVERLOAD_FACTOR * measured
-    procs.log(f"overload: {rate:.0f} req/s offered (4 x {measured:.0f}) for {s.overload_s:.0f} s, open loop")
     await stack.wait_idle()
-    since = stack.log_offset()
-    async with http_session(limit=4096) as session:
-        result = await open_loop(http_call(session, stack.url, shuffled()), rate, s.overload_s, s.overload_grace_s)
-    refused = result["all_latency_by_status"].get("503", {})
-    ctx.rows.append(row("overload", "zbatch gateway, open loop", f"{rate:.0f}/s offered", result,
-                        capacity_req_s=measured, factor=OVERLOAD_FACTOR, p99_503_ms=refused.get("p99_ms"),
-                        worker_batches=stack.batch_sizes(since)))
-
-
-async def _storm(ctx: Context, url: str, measured: float, p: Procs) -> tuple[dict[str, Any], dict[str, Any]]:
-    """512 closed-loop clients over 512 connections, each sending again at once when refused (503)."""
-    s = ctx.settings
-    async with http_session(limit=0) as session:
-        result = await closed_loop(http_call(session, url, shuffled()), STORM_CLIENTS, s.warmup_s, s.overload_s,
-                                   s.overload_grace_s, retry_on=REFUSED, watch=p.pids())
-    answers = result["answers"]["latency_by_status"]
-    # Not an HTTP status: a timeout or a broken connection. Abandoned: still retrying after the grace period.
-    lost = sum(n for status, n in result["all_statuses"].items() if status != "ok" and not status.isdigit())
-    detail = {"capacity_req_s": measured, "refused_503": answers.get("503", {}).get("n", 0),
-              "p99_503_ms": answers.get("503", {}).get("p99_ms"),
-              "accepted_p99_ms": answers.get("ok", {}).get("p99_ms"), "deadline_ms": GatewayConfig.timeout_ms,
-              "unanswered": result["abandoned"] + lost}
-    return result, detail
-
-
-async def _storm_zbatch(ctx: Context, stack: ZbatchStack) -> None:
-    measured = await capacity(ctx, "zbatch-http", stack.url)
-    procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, zbatch gateway (capacity {measured:.0f} req/s)")
+    before = await stack.batches()
+    result = await _overload(ctx, "zbatch gateway", stack.url, measured)
+    ctx.rows.append(_overload_row("zbatch gateway, open loop", result, measured,
+                                  worker_batches=batches.difference(before, await stack.batches())))
     await stack.wait_idle()
-    since = stack.log_offset()
-    result, detail = await _storm(ctx, stack.url, measured, stack.procs)
-    ctx.rows.append(row("storm", "zbatch gateway", STORM_CLIENTS, result, **detail,
-                        worker_batches=stack.batch_sizes(since)))
-    await stack.wait_idle()
-
-
-async def _storm_baseline(ctx: Context) -> None:
     p = Procs()
     try:
-        procs.log("storm: starting the HF guide's batched server (loads the model)")
-        url = await procs.start_http_server(p, "scripts.benchmarks.baselines", "baseline-batched", "batched",
-                                            "--threads", "2")
-        url = f"{url}/models/{MODEL}"
-        measured = await capacity(ctx, "baseline-batched", url)
-        procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, HF guide batched "
-                  f"(capacity {measured:.0f} req/s)")
-        result, detail = await _storm(ctx, url, measured, p)
-        ctx.rows.append(row("storm", "HF guide, batched", STORM_CLIENTS, result, **detail))
+        url = await _accelerator_stack(p)
+        measured = await capacity(ctx, ACCELERATOR, url)
+        ctx.rows.append(_overload_row(f"{ACCELERATOR}, open loop", await _overload(ctx, ACCELERATOR, url, measured),
+                                      measured))
     finally:
         p.close()
 
 
+async def _storm(ctx: Context, url: str, measured: float, p: Procs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """512 closed-loop clients over 512 connections, each sending again at once when refused (503).
+
+    A probe in its own process times the answers meanwhile (see probe.py): the storm's
+    clients saturate their own event loop, which adds its queueing to what they measure.
+    """
+    s = ctx.settings
+    probing = asyncio.create_task(run_probe(url, PROBE_RATE, s.warmup_s, s.overload_s))
+    try:
+        async with http_session(limit=0) as session:
+            result = await closed_loop(http_call(session, url, shuffled()), STORM_CLIENTS, s.warmup_s, s.overload_s,
+                                       s.overload_grace_s, retry_on=REFUSED, watch=p.pids())
+        probe = await probing
+    finally:
+        probing.cancel()
+    answers = result["answers"]["latency_by_status"]
+    # Not an HTTP status: a timeout or a broken connection. Abandoned: no answer within the grace period.
+    lost = sum(n for status, n in result["all_statuses"].items() if status != "ok" and not status.isdigit())
+    refused_at_end = result["all_statuses"].get("503", 0)  # still refused when the window closed: never admitted
+    detail = {"capacity_req_s": measured, "refused_503": answers.get("503", {}).get("n", 0),
+              "p99_503_ms": probe["latency_by_status"].get("503", {}).get("p99_ms"),
+              "p99_503_ms_storm_clients": answers.get("503", {}).get("p99_ms"), "probe": probe,
+              "accepted_p99_ms": answers.get("ok", {}).get("p99_ms"), "deadline_ms": GatewayConfig.timeout_ms,
+              "unanswered": result["abandoned"] + lost, "never_admitted": refused_at_end}
+    return result, detail
+
+
 async def storm(ctx: Context) -> None:
-    """512 clients that retry at once on 503: zbatch, then the guide's batching, each against its capacity."""
-    await _storm_zbatch(ctx, await ctx.zbatch())
-    await _storm_baseline(ctx)
+    """512 clients that retry at once on 503: zbatch, the guide's batching, zbatch on a simulated accelerator."""
+    stack = await ctx.zbatch()
+    measured = await capacity(ctx, "zbatch-http", stack.url)
+    procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, zbatch gateway (capacity {measured:.0f} req/s)")
+    await stack.wait_idle()
+    before = await stack.batches()
+    result, detail = await _storm(ctx, stack.url, measured, stack.procs)
+    ctx.rows.append(row("storm", "zbatch gateway", STORM_CLIENTS, result, **detail,
+                        worker_batches=batches.difference(before, await stack.batches())))
+    await stack.wait_idle()
+
+    baseline = await ctx.baseline("batched")
+    measured = await capacity(ctx, "baseline-batched", baseline.url)
+    procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, HF guide batched (capacity {measured:.0f})")
+    result, detail = await _storm(ctx, baseline.url, measured, baseline.procs)
+    ctx.rows.append(row("storm", "HF guide, batched", STORM_CLIENTS, result, **detail))
+
+    p = Procs()
+    try:
+        url = await _accelerator_stack(p)
+        measured = await capacity(ctx, ACCELERATOR, url)
+        procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, {ACCELERATOR} (capacity {measured:.0f})")
+        result, detail = await _storm(ctx, url, measured, p)
+        ctx.rows.append(row("storm", ACCELERATOR, STORM_CLIENTS, result, **detail))
+    finally:
+        p.close()

@@ -1,28 +1,28 @@
-"""What every case shares: the run's settings, the result rows, and the zbatch stack reused by several cases.
+"""What every case shares: the run's settings, the result rows, and the long-lived systems under test.
 
-Starting broker + worker + gateway costs a model load, so the cases that
-measure the same real stack (zbatch-http, zbatch-zmq, overload, storm) share one;
-the runner stops it as soon as no remaining case needs it.
+Loading the model takes seconds, and the comparisons only hold if their
+points are measured close together, so the systems that carry the model
+(the limit process, the zbatch stack, the two baselines) start once, stay up
+while their points alternate in rounds, and are stopped when no remaining
+case needs them (``Context.release``).
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from scripts.benchmarks import procs
+from scripts.benchmarks import batches, procs
+from scripts.benchmarks.limit import LimitProcess
 from scripts.benchmarks.procs import MODEL, Procs
 
-BATCH_LINE = re.compile(rb"batch of (\d+) items in ([\d.]+) ms")
 IDLE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class Settings:
     quick: bool
+    rounds: int  # model cases: each point is measured once per round, rounds alternate
     warmup_s: float
     duration_s: float
     concurrency: tuple[int, ...]  # zbatch and the baselines
@@ -35,8 +35,8 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(True, 1.0, 2.5, (1, 32), (1, 32), 3.0, 6.0, (1, 8), 64)
-        return cls(False, 2.0, 10.0, (1, 8, 32, 128), (1, 32, 128), 20.0, 15.0, (1, 2, 4, 8), 64)
+            return cls(True, 1, 1.0, 2.5, (1, 32), (1, 32), 3.0, 6.0, (1, 8), 64)
+        return cls(False, 3, 1.5, 6.0, (1, 8, 32, 128), (1, 32, 128), 20.0, 15.0, (1, 2, 4, 8), 64)
 
 
 def row(case: str, system: str, concurrency: int | str, result: dict[str, Any], **detail: Any) -> dict[str, Any]:
@@ -52,15 +52,15 @@ def row(case: str, system: str, concurrency: int | str, result: dict[str, Any], 
 
 @dataclass
 class ZbatchStack:
-    """Broker, ONE real worker (2 torch threads) and the gateway, as deployed."""
+    """Broker, ONE worker (2 torch threads, Prometheus metrics on) and the gateway, as deployed."""
 
     procs: Procs
     frontend: str
     url: str
-    worker_log: Path
+    metrics_url: str
 
-    def log_offset(self) -> int:
-        return self.worker_log.stat().st_size
+    async def batches(self) -> batches.Snapshot:
+        return await batches.snapshot(self.metrics_url)
 
     async def wait_idle(self) -> None:
         """Until the broker holds no work: a storm's cancelled leftovers must not run into the next measurement."""
@@ -73,25 +73,21 @@ class ZbatchStack:
 
         await self.procs.wait(idle, "the zbatch stack to finish its leftover work", IDLE_TIMEOUT_S)
 
-    def batch_sizes(self, since: int) -> dict[str, Any]:
-        """Batch sizes (and model time per batch) the worker logged since ``since``."""
-        with self.worker_log.open("rb") as f:
-            f.seek(since)
-            matches = [(int(m[1]), float(m[2])) for m in BATCH_LINE.finditer(f.read())]
-        if not matches:
-            return {}
-        sizes = Counter(size for size, _ in matches)
-        return {"batches": len(matches), "mean_size": sum(s for s, _ in matches) / len(matches),
-                "mean_batch_ms": sum(ms for _, ms in matches) / len(matches),
-                "histogram": {str(k): v for k, v in sorted(sizes.items())}}
+
+@dataclass
+class Baseline:
+    procs: Procs
+    url: str  # POST one text here
 
 
 @dataclass
 class Context:
     settings: Settings
     rows: list[dict[str, Any]] = field(default_factory=list)
-    capacities: dict[str, float] = field(default_factory=dict)  # measured for overload/storm, by case
+    capacities: dict[str, float] = field(default_factory=dict)  # req/s at concurrency 32, by case
     _stack: ZbatchStack | None = None
+    _limit: LimitProcess | None = None
+    _baselines: dict[str, Baseline] = field(default_factory=dict)
 
     def find(self, case: str, system: str | None = None, concurrency: int | str | None = None) -> dict[str, Any] | None:
         for r in self.rows:
@@ -105,16 +101,42 @@ class Context:
             try:
                 procs.log("starting the zbatch stack: broker, 1 worker (2 torch threads), gateway")
                 frontend, backend = await procs.start_broker(p)
-                worker = await procs.start_model_worker(p, frontend, backend)
+                metrics_url = await procs.start_model_worker(p, frontend, backend)
                 url = await procs.start_gateway(p, frontend)
             except BaseException:
                 p.close()
                 raise
-            self._stack = ZbatchStack(p, frontend, f"{url}/models/{MODEL}", worker.log_path)
+            self._stack = ZbatchStack(p, frontend, f"{url}/models/{MODEL}", metrics_url)
         return self._stack
 
-    def close_zbatch(self) -> None:
-        if self._stack is not None:
+    async def limit(self) -> LimitProcess:
+        if self._limit is None:
+            procs.log("starting the limit process (the model called directly)")
+            self._limit = await LimitProcess.start()
+        return self._limit
+
+    async def baseline(self, mode: str) -> Baseline:
+        """The Hugging Face guide's server, ``naive`` or ``batched`` (see baselines.py)."""
+        if mode not in self._baselines:
+            p = Procs()
+            try:
+                procs.log(f"starting baseline-{mode} (loads the model)")
+                url = await procs.start_http_server(p, "scripts.benchmarks.baselines", f"baseline-{mode}", mode,
+                                                    "--threads", "2")
+            except BaseException:
+                p.close()
+                raise
+            self._baselines[mode] = Baseline(p, f"{url}/models/{MODEL}")
+        return self._baselines[mode]
+
+    async def release(self, keep: set[str]) -> None:
+        """Stop the long-lived systems not named in ``keep`` ("zbatch", "limit", "naive", "batched")."""
+        if self._stack is not None and "zbatch" not in keep:
             procs.log("stopping the zbatch stack")
             self._stack.procs.close()
             self._stack = None
+        if self._limit is not None and "limit" not in keep:
+            await self._limit.close()
+            self._limit = None
+        for mode in [m for m in self._baselines if m not in keep]:
+            self._baselines.pop(mode).procs.close()

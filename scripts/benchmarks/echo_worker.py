@@ -11,8 +11,10 @@ Modes (``python -m scripts.benchmarks.echo_worker MODE ...``):
   ``--max-batch`` items, and "runs" it.
 * ``proxy``: ``zmq.proxy`` between a ROUTER frontend and a DEALER backend, the
   libzmq built-in that any broker should be compared with.
-* ``proxy-worker``: a DEALER behind that proxy that turns each REQUEST into a
-  protocol REPLY, so the project's AsyncClient works unchanged against both.
+* ``forwarder``: the same in Python, on the broker's event loop and socket
+  calls but with no logic: the floor for any broker written in Python.
+* ``proxy-worker``: a DEALER behind either of these two, turning each REQUEST
+  into a protocol REPLY, so the project's AsyncClient works unchanged against all.
 """
 
 from __future__ import annotations
@@ -132,6 +134,35 @@ def run_proxy(frontend: str, backend: str) -> None:
     zmq.proxy(front, back)
 
 
+def run_forwarder(frontend: str, backend: str) -> None:
+    """The same ROUTER->DEALER forwarding in Python, on the broker's event loop and socket calls, with no logic:
+    what any broker written in Python costs before it schedules anything."""
+    context = zmq.Context()
+    front, back = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    for sock in (front, back):
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.LINGER, 0)
+    front.bind(frontend)
+    back.bind(backend)
+    route = {front: back, back: front}
+    inputs = [(front, zmq.POLLIN), (back, zmq.POLLIN)]
+
+    def pump() -> None:
+        while ready := zmq.zmq_poll(inputs, 0):
+            for sock, _ in ready:
+                multipart.send(route[sock], multipart.recv(sock))
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sock in (front, back):
+            loop.add_reader(sock.FD, pump)
+        pump()
+        await asyncio.Event().wait()
+
+    eventloop.run(serve())
+
+
 def run_proxy_worker(backend: str) -> None:
     """Answer [client id, REQUEST...] from the proxy with [client id, REPLY...], echoing the payload."""
     context = zmq.Context()
@@ -150,7 +181,7 @@ def run_proxy_worker(backend: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("broker", "proxy", "proxy-worker"))
+    parser.add_argument("mode", choices=("broker", "proxy", "forwarder", "proxy-worker"))
     parser.add_argument("--backend", required=True)
     parser.add_argument("--frontend", default="")
     parser.add_argument("--name", default=f"echo-{os.getpid()}")
@@ -163,6 +194,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode == "proxy":
         run_proxy(args.frontend, args.backend)
+    elif args.mode == "forwarder":
+        run_forwarder(args.frontend, args.backend)
     elif args.mode == "proxy-worker":
         run_proxy_worker(args.backend)
     elif args.batch_ms > 0:

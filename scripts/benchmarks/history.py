@@ -19,12 +19,12 @@ PLACEHOLDER = ("_Nothing recorded yet. Add one dated line per optimisation with 
                "`scripts/bench --note \"what changed\"` to append one with this run's key ratios._")
 
 
-def previous(path: Path) -> list[str]:
-    """The History lines of an existing BENCHMARKS.md, verbatim, heading and outer blank lines excluded."""
+def previous(path: Path, heading: str = HEADING) -> list[str]:
+    """A section of an existing BENCHMARKS.md, verbatim, heading and outer blank lines excluded."""
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    if HEADING not in lines:
+    if heading not in lines:
         return []
-    start = lines.index(HEADING) + 1
+    start = lines.index(heading) + 1
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
     body = lines[start:end]
     while body and not body[0].strip():
@@ -54,16 +54,21 @@ def _scale(rows: list[dict[str, Any]]) -> list[str | None]:
     return out
 
 
+def _paired(rows: list[dict[str, Any]], case: str, concurrency: int, key: str) -> float | None:
+    r = find(rows, case, concurrency=concurrency)
+    value: float | None = r["detail"].get("paired", {}).get(key) if r else None
+    return value
+
+
 def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
     """The figures a change is judged by, each against its reference in the same run."""
-    goodput = [(f"{r['case']} goodput/capacity" + (f" ({r['system']})" if r["case"] == "storm" else ""),
-                times(r["req_s"], r["detail"]["capacity_req_s"])) for r in sorted_rows(rows)
-               if r["case"] in ("overload", "storm")]
+    goodput = [(f"{r['case']} goodput/capacity ({r['system']})", times(r["req_s"], r["detail"]["capacity_req_s"]))
+               for r in sorted_rows(rows) if r["case"] in ("overload", "storm")]
+    over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
     parts = [
-        _ratio("HTTP c=32 vs limit b32 (texts/s)", times(_value(rows, "texts_s", "zbatch-http", concurrency=32),
-                                                         _value(rows, "texts_s", "limit", "direct, batch 32"))),
-        _ratio("c=1 p50 vs limit b1 p50", times(_value(rows, "p50_ms", "zbatch-http", concurrency=1),
-                                                _value(rows, "p50_ms", "limit", "direct, batch 1"))),
+        _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
+        _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
+        None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",
         _ratio("broker vs proxy (c=32)", times(_value(rows, "req_s", "routing", "zbatch broker", 32),
                                                _value(rows, "req_s", "routing", "zmq.proxy", 32))),
         _ratio("gateway vs bare (c=32)", times(_value(rows, "req_s", "gateway", "zbatch gateway + echo", 32),

@@ -1,14 +1,18 @@
 """The ceiling: the model called directly, in a tight loop, with no serving at all.
 
-Run as a subprocess (``python -m scripts.benchmarks.limit``) so torch runs in
-that process's main thread with 2 threads, like nothing else is there; prints
-one JSON object on stdout. Texts come in a seeded random order, so batches mix
-short and long sentences exactly as served traffic does.
+Runs as a subprocess (``python -m scripts.benchmarks.limit``) so torch runs in
+that process's main thread with 2 threads, like nothing else is there.  It
+loads the model once, then measures on command, so its runs can alternate
+with the served systems' in the same minutes: one JSON object per line on
+stdin (``{"batch_size": 32, "grouped": false, "warmup_s": 1, "duration_s": 5}``),
+one JSON result per line on stdout.  Texts come in a seeded random order, so
+batches mix short and long sentences exactly as served traffic does.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import sys
@@ -18,25 +22,9 @@ from typing import Any
 import numpy as np
 
 from scripts.benchmarks import cpu
+from scripts.benchmarks.model import load
+from scripts.benchmarks.procs import ROOT
 from scripts.benchmarks.texts import shuffled
-
-
-def settled(runner: Any, batch_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Measure on a quiet machine, again (up to ``--retries`` times) if others disturbed it; keep the calmest."""
-    best: dict[str, Any] | None = None
-    for attempt in range(1, args.retries + 2):
-        if args.quiet_wait > 0:
-            cpu.wait_quiet_sync(args.quiet_wait)
-        result = measure(runner, batch_size, args.warmup_s, args.duration_s) | {"attempts": attempt}
-        other = result.get("other_cores") or 0.0
-        if best is None or other < (best.get("other_cores") or 0.0):
-            best = result
-        if other < cpu.QUIET_CORES:
-            break
-        if attempt <= args.retries:
-            print(f"[limit] disturbed ({other:.2f} other cores); measuring again", file=sys.stderr)
-    assert best is not None
-    return best
 
 
 def measure(runner: Any, batch_size: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
@@ -62,25 +50,57 @@ def measure(runner: Any, batch_size: int, warmup_s: float, duration_s: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-sizes", default="1,8,32")
-    parser.add_argument("--warmup-s", type=float, default=1.0)
-    parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quiet-wait", type=float, default=0.0)
-    parser.add_argument("--retries", type=int, default=0)
     args = parser.parse_args()
-
     import torch
 
-    from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, load_runner
+    from worker.grouping import NEVER_SPLIT
 
-    torch.set_num_threads(args.threads)
-    runner = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
-    results = []
-    for size in (int(s) for s in args.batch_sizes.split(",")):
-        print(f"[limit] batch {size}", file=sys.stderr, flush=True)
-        results.append(settled(runner, size, args))
-    json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results}, sys.stdout)
+    runner = load(args.threads, grouped=True)
+    calibrated = runner.cost_model
+    print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        runner.cost_model = calibrated if order.get("grouped") else NEVER_SPLIT
+        result = measure(runner, int(order["batch_size"]), float(order["warmup_s"]), float(order["duration_s"]))
+        print(json.dumps(result | {"grouped": bool(order.get("grouped"))}), flush=True)
+
+
+
+class LimitProcess:
+    """The parent's handle on a running limit process: start once, measure on demand, close."""
+
+    def __init__(self, process: asyncio.subprocess.Process, info: dict[str, Any]) -> None:
+        self._process = process
+        self.info = info
+
+    @classmethod
+    async def start(cls, threads: int = 2) -> LimitProcess:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scripts.benchmarks.limit", "--threads", str(threads), cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        return cls(process, await cls._read(process))
+
+    async def measure(self, batch_size: int, grouped: bool, warmup_s: float, duration_s: float) -> dict[str, Any]:
+        order = {"batch_size": batch_size, "grouped": grouped, "warmup_s": warmup_s, "duration_s": duration_s}
+        assert self._process.stdin is not None
+        self._process.stdin.write((json.dumps(order) + "\n").encode())
+        await self._process.stdin.drain()
+        return await self._read(self._process)
+
+    @staticmethod
+    async def _read(process: asyncio.subprocess.Process) -> dict[str, Any]:
+        assert process.stdout is not None
+        line = await process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the limit process exited (code {await process.wait()})")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    async def close(self) -> None:
+        if self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
 
 
 if __name__ == "__main__":

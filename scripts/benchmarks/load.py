@@ -105,15 +105,18 @@ async def _timed(call: Call, start: float, samples: list[Sample]) -> None:
     samples.append(Sample(start, time.perf_counter(), status))
 
 
-async def _request(call: Call, retry_on: frozenset[str], attempts: list[Sample]) -> Sample:
-    """One request, sent again at once while its answer is in ``retry_on``; each answer goes to ``attempts``."""
+async def _request(call: Call, retry_on: frozenset[str], attempts: list[Sample], retry_until: float) -> Sample:
+    """One request, sent again at once while its answer is in ``retry_on`` (until ``retry_until``).
+
+    Each answer goes to ``attempts``; the sample runs from the first send to the final answer.
+    """
     first = time.perf_counter()
     while True:
         sent = time.perf_counter()
         status = await _status(call)
         attempt = Sample(sent, time.perf_counter(), status)
         attempts.append(attempt)
-        if status not in retry_on:
+        if status not in retry_on or attempt.end >= retry_until:
             return Sample(first, attempt.end, status)
 
 
@@ -122,10 +125,12 @@ async def closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s:
                       ) -> dict[str, Any]:
     """``concurrency`` users each send, wait, send again; only the window after warm-up counts.
 
-    With ``retry_on`` (e.g. {"503"}) a refused request is sent again at once; it is one sample from
-    its first send to its final answer, and ``answers`` times every answer on its own (its "ok"
-    latency runs from the send that was accepted). ``watch`` (name: pid of the processes under test)
-    adds each one's CPU per request (per answer, with retries), the load generator's included.
+    With ``retry_on`` (e.g. {"503"}) a refused request is sent again at once, until the window ends;
+    it is one sample from its first send to its final answer, and ``answers`` times every answer on
+    its own (its "ok" latency runs from the send that was accepted).  Users still waiting
+    ``drain_s`` after the window are cancelled and counted as ``abandoned``: their request got no
+    answer.  ``watch`` (name: pid of the processes under test) adds each one's CPU per request
+    (per answer, with retries), the load generator's included.
     """
     return await settled(lambda: _closed_loop(call, concurrency, warmup_s, duration_s, drain_s, retry_on, watch))
 
@@ -146,7 +151,7 @@ async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s
 
     async def user() -> None:
         while time.perf_counter() < window[1]:
-            samples.append(await _request(call, retry_on, attempts))
+            samples.append(await _request(call, retry_on, attempts, window[1]))
 
     noise = asyncio.create_task(monitor())
     tasks = [asyncio.create_task(user()) for _ in range(concurrency)]

@@ -148,12 +148,13 @@ async def wait_workers(procs: Procs, frontend: str, count: int) -> None:
     await procs.wait(enough, f"{count} worker(s) to register")
 
 
-async def start_model_worker(procs: Procs, frontend: str, backend: str, name: str = "w0") -> Proc:
-    """One real worker with the whole machine's 2 torch threads; debug log = one line per batch."""
-    worker = procs.spawn("worker", name, "--backend", backend, "--name", name, "--workers", "1",
-                         "--torch-threads", "2", "--device", "cpu", "--log-level", "debug")
+async def start_model_worker(procs: Procs, frontend: str, backend: str, name: str = "w0") -> str:
+    """One real worker with the whole machine's 2 torch threads, logging as deployed; returns its metrics URL."""
+    port = free_port()
+    procs.spawn("worker", name, "--backend", backend, "--name", name, "--workers", "1",
+                "--torch-threads", "2", "--device", "cpu", "--metrics-port", str(port))
     await wait_workers(procs, frontend, 1)
-    return worker
+    return f"http://127.0.0.1:{port}/metrics"
 
 
 async def start_echo_workers(procs: Procs, frontend: str, backend: str, count: int, *flags: str) -> None:

@@ -49,22 +49,21 @@ def _added(r: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Fill each row's ``ratio`` against its reference in the same run (see COLUMNS' last column)."""
+    """Fill each row's ``ratio`` against its reference in the same run (see RATIO_NOTE)."""
     ceiling = find(rows, "limit", "direct, batch 32")
     top = ceiling["texts_s"] if ceiling else None
     for r in rows:
         case, c = r["case"], r["concurrency"]
+        paired = r["detail"].get("paired", {})
         parts: list[str | None] = []
         if case == "limit" and r is not ceiling:
             parts.append(_ratio_text(times(r["texts_s"], top), "batch 32"))
         elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched"):
-            parts.append(_ratio_text(times(r["texts_s"], top), "limit b32"))
-            if case == "zbatch-http":
-                batched = find(rows, "baseline-batched", concurrency=c)
-                parts.append(_ratio_text(times(r["texts_s"], batched["texts_s"] if batched else None), "batched"))
-            if case == "zbatch-zmq":
-                http = find(rows, "zbatch-http", concurrency=c)
-                parts.append(_ratio_text(times(r["texts_s"], http["texts_s"] if http else None), "http"))
+            parts.append(_ratio_text(paired.get("vs_limit"), "limit b32"))
+            if case.startswith("zbatch"):
+                parts.append(_ratio_text(paired.get("vs_batched"), "batched"))
+            if "p50_over_limit_ms" in paired:
+                parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over limit b1")
         elif case in ("routing", "gateway"):
             ref = find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
             if ref is not None and ref is not r:
@@ -140,34 +139,52 @@ def machine() -> dict[str, Any]:
 CASE_NOTES = """
 ## Cases
 
-* **limit**: the model called directly in one process, 2 torch threads, texts in seeded random order.
+* **limit**: the model called directly in one process, 2 torch threads, texts in seeded random order;
+  one padded forward pass per batch (the offline rate), and once more grouped by length as zbatch does.
 * **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
-  and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the worker.
-* **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load.
+  and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
+* These five are measured **in rounds**: every system stays loaded, each round measures each point once
+  (the limit right before the systems it is compared with), rows show the median over the rounds, and the
+  ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
+  within a minute).
+* **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load;
+  plus a Python forwarder with no logic on the broker's event loop and socket calls: the floor for any
+  broker written in Python.
 * **gateway**: gateway + broker + echo workers (384-float outputs) vs a bare aiohttp handler answering
   the same bytes.
-* **overload**: open loop at 4× the capacity measured by zbatch-http at concurrency 32.
+* **overload**: open loop at 4× the capacity measured at concurrency 32, Poisson arrivals.
 * **storm**: 512 closed-loop clients that send again at once on 503, against zbatch and against
   baseline-batched, each compared with its own capacity.
+* **simulated accelerator** (overload and storm): zbatch with a worker whose batches take as long as
+  the real model's here (15 ms + 7 ms per item) but sleep instead of using the CPU, as a GPU host's would.
 * **scale**: N simulated workers behind one broker, 64 closed-loop clients per worker; "CPU-class"
   sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
 """
 
 RATIO_NOTE = (
-    "ratio: `limit b32` = texts/s over the model alone at batch 32; `batched` = over baseline-batched at the "
-    "same concurrency; `http` = over zbatch-http; `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, "
-    "with the added p50 latency; `capacity` = goodput over the measured capacity; scale: over N times one "
-    "worker of the same series, and over the simulated workers' ideal. other cpu: cores used by processes outside this "
-    f"benchmark during the measurement (bold from {NOISY_CORES}: that row was disturbed)."
+    "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass), `batched` = over baseline-batched "
+    "at the same concurrency, `over limit b1` = p50 minus the limit's batch-1 p50 (these three paired within "
+    "rounds); `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, with the added p50 latency; `capacity` = "
+    "goodput over the capacity measured at concurrency 32; scale: over N times one worker of the same series, and "
+    "over the simulated workers' ideal. other cpu: cores used by processes outside this benchmark during the "
+    f"measurement (bold from {NOISY_CORES}: that row was disturbed)."
 )
 
 
+ANALYSIS_HEADING = "## Analysis"
+ANALYSIS_PLACEHOLDER = "_Write here, by hand, why a target is not met; every run keeps this section as it is._"
+
+
 def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, quick: bool, charts: list[str],
-             failed: list[str], details: list[str], history: list[str]) -> str:
-    """The whole BENCHMARKS.md; ``details`` are sections.details' lines, ``history`` the History section's."""
+             failed: list[str], sections: dict[str, list[str]]) -> str:
+    """The whole BENCHMARKS.md.
+
+    ``sections``: "targets" and "details" (generated lines), "analysis" and
+    "history" (carried over from the previous file: hand-written, and the log).
+    """
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
     header = f"Command: `{command}` ({when})." + (" **Quick run: a smoke test, the numbers are rough.**"
@@ -178,13 +195,14 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
         f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), aiohttp {m['aiohttp']}. Everything, load generator "
         "included, shares these cores over loopback: read the ratios, which compare rows of this same run."
     )
-    lines = ["# Benchmarks", "", header, "", machine_line, "", table(rows), "", RATIO_NOTE]
+    lines = ["# Benchmarks", "", header, "", machine_line, *sections["targets"], "", ANALYSIS_HEADING, "",
+             *(sections["analysis"] or [ANALYSIS_PLACEHOLDER]), "", "## Results", "", table(rows), "", RATIO_NOTE]
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
-    lines += details
+    lines += sections["details"]
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
-    return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(history) + "\n"
+    return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(sections["history"]) + "\n"
 
 
 def write_json(path: Path, rows: list[dict[str, Any]], info: dict[str, Any], command: str, settings: Any,

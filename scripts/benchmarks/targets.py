@@ -1,0 +1,110 @@
+"""The issue's targets, checked against this run's rows: goal, measured value, met or not.
+
+Every figure is a ratio or a difference between rows of the same run.  A
+target whose rows did not run is left out.  Where a target cannot be met on
+this machine, BENCHMARKS.md's Analysis section says why, with the rows that
+show it (that section is written by hand and kept across runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from scripts.benchmarks.report import find, scale_one, times
+
+DEADLINE_MS = 30_000.0  # the gateway's default request timeout: an accepted request must beat it
+
+
+def _paired(rows: list[dict[str, Any]], case: str, c: int, key: str) -> float | None:
+    r = find(rows, case, concurrency=c)
+    return r["detail"].get("paired", {}).get(key) if r else None
+
+
+def _mark(met: bool | None) -> str:
+    return "–" if met is None else "**yes**" if met else "no"
+
+
+def _throughput(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    vs_limit = _paired(rows, "zbatch-http", 32, "vs_limit")
+    vs_batched = _paired(rows, "zbatch-http", 32, "vs_batched")
+    if vs_limit is not None:
+        measured = f"{vs_limit:.2f}× limit b32" + (f", {vs_batched:.2f}× batched" if vs_batched else "")
+        met = vs_limit >= 1.0 and (vs_batched is None or vs_batched > 1.0)
+        yield "HTTP throughput at c=32", "≥ 1.0× limit b32 and > batched (aim ≥ 1.2×)", measured, met
+    over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
+    if over is not None:
+        yield "idle overhead, HTTP c=1", "p50 ≤ limit b1 p50 + 1 ms", f"{over:+.2f} ms", over <= 1.0
+
+
+def _baselines(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    for r in rows:
+        if r["case"] != "zbatch-http" or not isinstance(r["concurrency"], int):
+            continue
+        c, paired = r["concurrency"], r["detail"].get("paired", {})
+        ratios = [paired[k] for k in ("vs_naive", "vs_batched") if k in paired]
+        if not ratios:
+            continue
+        goal = "win (> 1.0×) vs both" if c >= 8 else "tie or win (≥ 0.95×) vs both"
+        met = min(ratios) > 1.0 if c >= 8 else min(ratios) >= 0.95
+        measured = ", ".join(f"{paired[k]:.2f}× {k[3:]}" for k in ("vs_naive", "vs_batched") if k in paired)
+        yield f"vs the HF guide's servers, c={c}", goal, measured, met
+
+
+def _infrastructure(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    for case, system, ref_name, goal_ratio in (("routing", "zbatch broker", "zmq.proxy", 0.8),
+                                               ("gateway", "zbatch gateway + echo", "bare aiohttp", 0.7)):
+        for r in [r for r in rows if r["case"] == case and r["system"] == system]:
+            ref = find(rows, case, ref_name, r["concurrency"])
+            ratio = times(r["req_s"], ref["req_s"]) if ref else None
+            if ratio is None:
+                continue
+            added = r["p50_ms"] - ref["p50_ms"] if ref and r["p50_ms"] is not None else None
+            measured = f"{ratio:.2f}×, p50 {added * 1000:+.0f} µs" if added is not None else f"{ratio:.2f}×"
+            goal = f"≥ {goal_ratio}× {ref_name}" + (", p50 ≤ +100 µs" if case == "routing" else "")
+            met = ratio >= goal_ratio and (case != "routing" or added is None or added <= 0.1)
+            floor = find(rows, case, "Python forwarder, no logic", r["concurrency"]) if case == "routing" else None
+            if floor is not None and ref is not None:
+                measured += f" (Python floor {times(floor['req_s'], ref['req_s']):.2f}×)"
+            yield f"{system}, c={r['concurrency']}", goal, measured, met
+
+
+def _overload(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    for r in [r for r in rows if r["case"] in ("storm", "overload")]:
+        d = r["detail"]
+        goodput = times(r["req_s"], d["capacity_req_s"])
+        p99_503 = d.get("p99_503_ms")
+        if r["case"] == "storm":
+            accepted, unanswered = d.get("accepted_p99_ms"), d.get("unanswered", 0)
+        else:
+            accepted, unanswered = d["all_latency_by_status"].get("ok", {}).get("p99_ms"), d.get("unanswered", 0)
+        parts = [f"goodput {goodput:.2f}× capacity" if goodput is not None else "no goodput",
+                 f"503 p99 {p99_503:.1f} ms" if p99_503 is not None else "no 503",
+                 f"accepted p99 {accepted:.0f} ms" if accepted is not None else "none accepted",
+                 f"{unanswered} unanswered"]
+        met = (goodput is not None and goodput >= 0.8 and (p99_503 is None or p99_503 <= 5.0)
+               and accepted is not None and accepted <= DEADLINE_MS and unanswered == 0)
+        yield f"{r['case']}: {r['system']}", "goodput ≥ 0.8× capacity, 503 p99 ≤ 5 ms, accepted within deadline, " \
+            "all answered", "; ".join(parts), met
+
+
+def _scale(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    for r in rows:
+        if r["case"] != "scale" or r["detail"]["workers"] != 8:
+            continue
+        one = scale_one(rows, r["detail"]["series"])
+        ratio = times(r["req_s"], 8 * one["req_s"]) if one and one["req_s"] else None
+        if ratio is not None:
+            yield f"scale-out, 8 workers, {r['detail']['series']}", "≥ 0.9 × 8 × one worker", f"{ratio:.2f}×", \
+                ratio >= 0.9
+
+
+def section(rows: list[dict[str, Any]]) -> list[str]:
+    """The Targets section: one line per target this run measured."""
+    lines = [line for part in (_throughput, _baselines, _infrastructure, _overload, _scale) for line in part(rows)]
+    if not lines:
+        return []
+    out = ["", "## Targets", "", "Each checked against rows of this run (see the Analysis section for the ones "
+           "this machine cannot meet).", "", "| target | goal | measured | met |", "|---|---|---|---|"]
+    out += [f"| {name} | {goal} | {measured} | {_mark(met)} |" for name, goal, measured, met in lines]
+    return out
