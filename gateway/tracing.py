@@ -26,8 +26,8 @@ CLIENT_CLOSED = 499
 access_log = logging.getLogger("zbatch.gateway.access")
 
 
-# Fresh ids: a random prefix per process and a counter, as unique as a uuid4 for this purpose
-# (one gateway never repeats one, two gateways share a prefix with odds of 2**-64) and
+# Fresh ids: 32 hex digits like a uuid4, a random prefix per process and a counter, as unique
+# for this purpose (one gateway never repeats one, two share a prefix with odds of 2**-64) and
 # without a system call and an object per request.
 _ID_PREFIX = os.urandom(8).hex()
 _id_counter = itertools.count()
@@ -37,7 +37,7 @@ def request_id_from(value: str | None) -> str:
     """The caller's id if it is printable ASCII of a sane length; a new one otherwise."""
     if value and len(value) <= MAX_REQUEST_ID_CHARS and all(" " <= c <= "~" for c in value):
         return value
-    return f"{_ID_PREFIX}{next(_id_counter):08x}"
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 @web.middleware
