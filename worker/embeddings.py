@@ -34,6 +34,7 @@ class EmbeddingRunner:
         self._model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
         self.max_length = self._max_length()
         self.cost_model = CostModel(0.0)
+        self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
 
     def warm_up(self) -> None:
         """Run a tiny batch (lazy initialisation), then measure what padding costs on this device."""
@@ -59,10 +60,14 @@ class EmbeddingRunner:
         if not isinstance(normalize, bool):
             raise InputError(f"parameter 'normalize' must be true or false, not {normalize!r}")
 
-        if len(inputs) == 1:
+        if len(inputs) == 1:  # no plan to make, and no second tokenisation on the latency path
+            self.modelled_seconds = 0.0
             return self._embed(inputs, normalize)
+        lengths = self._lengths(inputs)
+        groups = plan_groups(lengths, self.cost_model)
+        self.modelled_seconds = self.cost_model.seconds(groups, lengths)
         outputs: list[np.ndarray] = [np.empty(0, np.float32)] * len(inputs)
-        for group in plan_groups(self._lengths(inputs), self.cost_model):
+        for group in groups:
             for index, vector in zip(group, self._embed([inputs[i] for i in group], normalize), strict=True):
                 outputs[index] = vector
         return outputs

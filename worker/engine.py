@@ -6,7 +6,9 @@ measured 2.5x slower).  The asyncio I/O loop hands it one batch at a time
 and hears back through ``call_soon_threadsafe``; it never waits on torch.
 
 A batch that raises is split in halves and retried until the failing inputs
-are alone, so one bad input fails by itself and its neighbours succeed.
+are alone, so one bad input fails by itself and its neighbours succeed.  On a
+CPU, :mod:`worker.threads` drops torch to one thread while other processes
+hold the cores, and goes back when they let go.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from broker.protocol import Status
 from worker.assembler import Batch, ItemFailure
 from worker.models import InputError, ModelSpec, Runner, load_runner
+from worker.threads import ThreadGovernor
 
 log = logging.getLogger("zbatch.worker")
 Outcomes = list[Any]
@@ -55,6 +58,7 @@ class InferenceThread:
         self.specs = specs
         self.torch_threads = torch_threads
         self.device = ""
+        self._governed_threads = torch_threads
         self._loop = loop
         self._done = done
         self._batches: queue.SimpleQueue[tuple[str, Batch] | None] = queue.SimpleQueue()
@@ -80,11 +84,32 @@ class InferenceThread:
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
         self._loop.call_soon_threadsafe(self._set_loaded, None)
+        governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
         while (work := self._batches.get()) is not None:
             model, batch = work
+            threads = self._use_threads(governor)
             started = time.perf_counter()
             outcomes = run_isolated(runners[model], batch.inputs, batch.parameters)
-            self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, elapsed)
+            governor.observe(threads, elapsed, getattr(runners[model], "modelled_seconds", 0.0))
+
+    def _use_threads(self, governor: ThreadGovernor) -> int:
+        """Set torch's thread count to the governor's choice (probes included); log when its choice changes."""
+        import torch
+
+        if governor.current != self._governed_threads:
+            self._governed_threads = governor.current
+            if governor.current < governor.full:
+                log.info("torch threads now %d: other processes hold the cores (batches took %.1fx their "
+                         "quiet-machine time on %d threads, %.1fx on %d)", governor.current, governor.lost_slowdown,
+                         governor.full, governor.slowdown, governor.current)
+            else:
+                log.info("torch threads back to %d: the cores are free again", governor.current)
+        threads = governor.threads
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
 
     def _load(self) -> dict[str, Runner]:
         import torch

@@ -34,12 +34,24 @@ CALIBRATION_RUNS = 3
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Cost of one forward pass, in padded tokens; ``overhead_tokens`` is the fixed part."""
+    """Cost of one forward pass, in padded tokens; ``overhead_tokens`` is the fixed part.
+
+    ``seconds_per_token`` (0 when unknown) turns a cost into the time the pass
+    took at calibration, which :mod:`worker.threads` compares live batches with.
+    """
 
     overhead_tokens: float
+    seconds_per_token: float = 0.0
 
     def cost(self, rows: int, longest: int) -> float:
         return self.overhead_tokens + rows * longest
+
+    def seconds(self, groups: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
+        """Modelled time of running ``groups`` (indices into ``lengths``) one pass each; 0 if unknown."""
+        if not self.seconds_per_token or self.overhead_tokens == float("inf"):
+            return 0.0
+        return self.seconds_per_token * sum(self.cost(len(group), max(lengths[i] for i in group))
+                                            for group in groups if group)
 
 
 NEVER_SPLIT = CostModel(float("inf"))
@@ -82,4 +94,4 @@ def calibrate(seconds_for: Callable[[int, int], float]) -> CostModel:
     per_token = (long - short) / extra_tokens
     if per_token <= 0:
         return NEVER_SPLIT
-    return CostModel(max(0.0, short / per_token - short_rows * short_tokens))
+    return CostModel(max(0.0, short / per_token - short_rows * short_tokens), per_token)

@@ -55,6 +55,14 @@ def test_calibration_recovers_the_fixed_cost_of_a_linear_device() -> None:
     per_token, overhead = 0.0002, 0.015  # seconds: like the CPU here
     model = calibrate(lambda rows, tokens: overhead + per_token * rows * tokens)
     assert model.overhead_tokens == pytest.approx(overhead / per_token)
+    # ...and predicts the time of a plan: two passes, each paying the fixed cost.
+    lengths = [10, 12, 40]
+    assert model.seconds([[0, 1], [2]], lengths) == pytest.approx(2 * overhead + per_token * (2 * 12 + 40))
+
+
+def test_no_time_is_modelled_without_a_calibration() -> None:
+    assert CostModel(20.0).seconds([[0]], [5]) == 0.0
+    assert NEVER_SPLIT.seconds([[0]], [5]) == 0.0
 
 
 def test_calibration_never_splits_when_tokens_cost_nothing() -> None:

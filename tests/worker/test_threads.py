@@ -1,0 +1,97 @@
+"""The thread governor, driven with made-up batch times and a fake clock."""
+
+from __future__ import annotations
+
+from worker.threads import BASE_PROBE_INTERVAL_S, MAX_PROBE_INTERVAL_S, SUSPECT_SLOWDOWN, ThreadGovernor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_batch(governor: ThreadGovernor, clock: FakeClock, seconds_at: dict[int, float],
+              modelled: float = 0.25) -> int:
+    """Run one batch at the governor's choice; ``seconds_at`` maps a thread count to its batch time."""
+    threads = governor.threads
+    seconds = seconds_at[threads]
+    clock.now += seconds
+    governor.observe(threads, seconds, modelled)
+    return threads
+
+
+QUIET = {2: 0.25, 1: 0.42}  # measured here: batch of 32, alone on 2 cores
+ONE_NEIGHBOUR = {2: 0.55, 1: 0.42}  # next to one busy process
+NEIGHBOURS_GONE = QUIET
+
+
+def test_a_quiet_machine_keeps_every_thread_and_never_probes() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    used = {run_batch(governor, clock, QUIET) for _ in range(200)}
+    assert used == {2}
+
+
+def test_contended_cores_move_to_one_thread_after_one_probe() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    assert run_batch(governor, clock, ONE_NEIGHBOUR) == 2  # slowdown 2.2: suspicious
+    assert run_batch(governor, clock, ONE_NEIGHBOUR) == 1  # the probe, 1.7: wins
+    assert governor.current == 1
+    assert governor.lost_slowdown == ONE_NEIGHBOUR[2] / 0.25
+    assert {run_batch(governor, clock, ONE_NEIGHBOUR) for _ in range(3)} == {1}
+
+
+def test_probes_go_back_to_every_thread_once_the_neighbours_leave() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    for _ in range(2):
+        run_batch(governor, clock, ONE_NEIGHBOUR)
+    assert governor.current == 1
+    used = [run_batch(governor, clock, NEIGHBOURS_GONE) for _ in range(10)]
+    assert governor.current == 2
+    # One thread until the probe interval passed (0.42 s a batch), then the probe won.
+    switched_at = used.index(2)
+    assert switched_at * NEIGHBOURS_GONE[1] >= BASE_PROBE_INTERVAL_S
+    assert set(used[switched_at:]) == {2}
+
+
+def test_losing_probes_wait_twice_as_long_each_time_up_to_a_cap() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    for _ in range(2):
+        run_batch(governor, clock, ONE_NEIGHBOUR)
+    probe_times = []
+    while clock.now < 300:
+        if run_batch(governor, clock, ONE_NEIGHBOUR) == 2:
+            probe_times.append(clock.now)
+    assert governor.current == 1
+    gaps = [later - earlier for earlier, later in zip(probe_times, probe_times[1:])]
+    assert gaps[0] >= 2 * BASE_PROBE_INTERVAL_S
+    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:]))
+    assert max(gaps) <= MAX_PROBE_INTERVAL_S + ONE_NEIGHBOUR[1] + ONE_NEIGHBOUR[2]
+    assert max(gaps) >= MAX_PROBE_INTERVAL_S
+
+
+def test_a_probe_that_is_not_clearly_faster_does_not_switch() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    barely = {2: 0.25 * SUSPECT_SLOWDOWN, 1: 0.25 * SUSPECT_SLOWDOWN * 0.95}
+    run_batch(governor, clock, barely)
+    assert run_batch(governor, clock, barely) == 1
+    assert governor.current == 2
+
+
+def test_batches_without_a_modelled_time_and_single_thread_workers_change_nothing() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    for _ in range(10):
+        run_batch(governor, clock, {2: 5.0}, modelled=0.0)
+    assert governor.threads == 2 and governor.slowdown == 0.0
+    single = ThreadGovernor(1, clock)
+    for _ in range(10):
+        run_batch(single, clock, {1: 5.0})
+    assert single.threads == 1

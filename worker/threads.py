@@ -1,0 +1,97 @@
+"""How many torch threads the next batch gets: all of them, unless other processes hold the cores.
+
+Theory of operation
+-------------------
+Torch splits each operator across its threads and waits for the slowest one.
+When other processes take a core (the gateway and broker answering a retry
+storm, a load generator, a neighbour), one of those threads is descheduled and
+the whole pass waits for it.  Measured here (all-MiniLM-L6-v2, batches of 32,
+2 cores, ``python /tmp/exp/contend.py THREADS HOGS 1 32`` in issue 7's note):
+
+    busy processes next to it     0        1        2
+    2 torch threads            253 ms   482 ms  1136 ms
+    1 torch thread             420 ms   421 ms   626 ms
+
+So the worker runs with its full thread count while the machine is quiet and
+with one thread while it is contended.  The runner's cost model, calibrated at
+warm-up, says how long each batch would take on the full thread count; the
+*slowdown* of a batch is its real time over that.  The governor keeps the
+slowdowns of the last few batches at the current thread count.  When their
+median says something is wrong (full count, median at least SUSPECT_SLOWDOWN)
+or now and then anyway (one thread: the neighbours may have gone), one batch
+runs at the other count as a probe.  A probe clearly faster than the current
+median wins and becomes the current count; a losing probe doubles the wait
+before the next one, up to MAX_PROBE_INTERVAL_S.
+
+Sans I/O: the caller reports each batch and asks for the next count; the
+clock is passed in.  Batches without a modelled time (batch 1, tasks with no
+cost model, GPUs, where padding is free and threads hardly matter) change
+nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+SUSPECT_SLOWDOWN = 1.5  # below this the full thread count is doing fine: no probes at all
+WIN_MARGIN = 0.9  # a probe must beat the current median by 10 % to win
+RECENT_BATCHES = 3
+BASE_PROBE_INTERVAL_S = 2.0
+MAX_PROBE_INTERVAL_S = 32.0
+
+
+class ThreadGovernor:
+    """Chooses between ``full`` threads and one, from each batch's time against its modelled time."""
+
+    def __init__(self, full: int, clock: Callable[[], float]) -> None:
+        self.full = full
+        self.current = full
+        self._clock = clock
+        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)
+        self._probing = False
+        self._probe_interval_s = BASE_PROBE_INTERVAL_S
+        self._next_probe_at = 0.0
+        self.lost_slowdown = 0.0  # the median slowdown of the count the last winning probe replaced
+
+    @property
+    def threads(self) -> int:
+        """The thread count for the next batch (a probe runs at the other one)."""
+        return self._other() if self._probing else self.current
+
+    def observe(self, threads: int, seconds: float, modelled_seconds: float) -> None:
+        """One batch ran on ``threads`` in ``seconds``; at calibration on the full count it took ``modelled_seconds``."""
+        if self.full <= 1 or modelled_seconds <= 0:
+            return
+        slowdown = seconds / modelled_seconds
+        if self._probing and threads != self.current:
+            self._settle_probe(slowdown)
+        elif threads == self.current:
+            self._recent.append(slowdown)
+            self._probing = self._probe_due()
+
+    @property
+    def slowdown(self) -> float:
+        """Median slowdown of the recent batches at the current count (0 before any)."""
+        return statistics.median(self._recent) if self._recent else 0.0
+
+    def _probe_due(self) -> bool:
+        if self._clock() < self._next_probe_at:
+            return False
+        return self.current != self.full or self.slowdown >= SUSPECT_SLOWDOWN
+
+    def _settle_probe(self, slowdown: float) -> None:
+        self._probing = False
+        if slowdown < WIN_MARGIN * self.slowdown:
+            self.lost_slowdown = self.slowdown
+            self.current = self._other()
+            self._recent.clear()
+            self._recent.append(slowdown)
+            self._probe_interval_s = BASE_PROBE_INTERVAL_S
+        else:
+            self._probe_interval_s = min(2 * self._probe_interval_s, MAX_PROBE_INTERVAL_S)
+        self._next_probe_at = self._clock() + self._probe_interval_s
+
+    def _other(self) -> int:
+        return 1 if self.current == self.full else self.full
