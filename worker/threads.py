@@ -6,7 +6,7 @@ Torch splits each operator across its threads and waits for the slowest one.
 When other processes take a core (the gateway and broker answering a retry
 storm, a load generator, a neighbour), one of those threads is descheduled and
 the whole pass waits for it.  Measured here (all-MiniLM-L6-v2, batches of 32,
-2 cores, ``python /tmp/exp/contend.py THREADS HOGS 1 32`` in issue 7's note):
+2 cores, ``python -m scripts.benchmarks.contention``):
 
     busy processes next to it     0        1        2
     2 torch threads            253 ms   482 ms  1136 ms
