@@ -52,6 +52,7 @@ class EmbeddingRunner:
 
     def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[np.ndarray]:
         """One 1-D float32 vector per input, in input order."""
+        self.modelled_seconds = 0.0  # stays 0 if this batch is refused before it runs
         check_inputs(inputs)
         unknown = sorted(set(parameters) - {"normalize"})
         if unknown:
@@ -61,7 +62,6 @@ class EmbeddingRunner:
             raise InputError(f"parameter 'normalize' must be true or false, not {normalize!r}")
 
         if len(inputs) == 1:  # no plan to make, and no second tokenisation on the latency path
-            self.modelled_seconds = 0.0
             return self._embed(inputs, normalize)
         lengths = self._lengths(inputs)
         groups = plan_groups(lengths, self.cost_model)

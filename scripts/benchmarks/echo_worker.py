@@ -121,8 +121,8 @@ class EchoWorker:
                 await self.socket.send_multipart(self.answer(request))
 
 
-def run_proxy(frontend: str, backend: str) -> None:
-    """libzmq's ROUTER<->DEALER proxy: no admission, no credit, no deadlines, round-robin."""
+def bound_router_dealer(frontend: str, backend: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A ROUTER for clients and a DEALER for workers, bound, with the broker's high-water marks."""
     context = zmq.Context()
     front, back = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
     for sock in (front, back):
@@ -131,20 +131,18 @@ def run_proxy(frontend: str, backend: str) -> None:
         sock.setsockopt(zmq.LINGER, 0)
     front.bind(frontend)
     back.bind(backend)
-    zmq.proxy(front, back)
+    return front, back
+
+
+def run_proxy(frontend: str, backend: str) -> None:
+    """libzmq's ROUTER<->DEALER proxy: no admission, no credit, no deadlines, round-robin."""
+    zmq.proxy(*bound_router_dealer(frontend, backend))
 
 
 def run_forwarder(frontend: str, backend: str) -> None:
     """The same ROUTER->DEALER forwarding in Python, on the broker's event loop and socket calls, with no logic:
     what any broker written in Python costs before it schedules anything."""
-    context = zmq.Context()
-    front, back = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
-    for sock in (front, back):
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.LINGER, 0)
-    front.bind(frontend)
-    back.bind(backend)
+    front, back = bound_router_dealer(frontend, backend)
     route = {front: back, back: front}
     inputs = [(front, zmq.POLLIN), (back, zmq.POLLIN)]
 

@@ -11,15 +11,19 @@ from typing import Any
 from scripts.benchmarks.report import number, sorted_rows
 
 
+def _table_start(title: str, intro: str, columns: list[str]) -> list[str]:
+    """A section heading, its explanation and a table header; the caller appends the rows."""
+    return ["", f"### {title}", "", intro, "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
 def _overload(over_rows: list[dict[str, Any]]) -> list[str]:
     d = over_rows[0]["detail"]
     intro = (f"Offered {d['factor']:.0f}× the capacity each system showed at concurrency 32, for "
              f"{d['duration_s']:.0f} s, Poisson arrivals, open loop; requests still unanswered a grace period "
              "later count as unanswered.")
-    out = ["", "### Overload", "", intro, "",
-           "| system | capacity req/s | offered req/s | sent | answered | unanswered | goodput req/s "
-           "| goodput / capacity | accepted p50 / p99 ms | 503 p99 ms | statuses |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = _table_start("Overload", intro, [
+        "system", "capacity req/s", "offered req/s", "sent", "answered", "unanswered", "goodput req/s",
+        "goodput / capacity", "accepted p50 / p99 ms", "503 p99 ms", "statuses"])
     for r in over_rows:
         d = r["detail"]
         accepted = d["all_latency_by_status"].get("ok", {})
@@ -43,10 +47,10 @@ def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
              f"deadline: {d['deadline_ms'] / 1000:.0f} s). Capacity: req/s at concurrency 32 in this run. "
              "Unanswered: no answer within the grace period, a timeout or a lost connection; never admitted: "
              "clients still refused when the window closed (each of their requests was answered 503).")
-    out = ["", "### Storm", "", intro, "",
-           "| system | capacity req/s | goodput req/s | goodput / capacity | 503s | 503 p99 ms (probe / storm clients) "
-           "| accepted p99 ms (accepted send / first send) | unanswered | never admitted |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = _table_start("Storm", intro, [
+        "system", "capacity req/s", "goodput req/s", "goodput / capacity", "503s",
+        "503 p99 ms (probe / storm clients)", "accepted p99 ms (accepted send / first send)", "unanswered",
+        "never admitted"])
     for r in storm_rows:
         d = r["detail"]
         cells = [r["system"], number(d["capacity_req_s"]), number(r["req_s"]),
@@ -59,11 +63,10 @@ def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
-    out = ["", "### Batches the worker ran", "",
-           "From the worker's Prometheus histograms, scraped before and after each measurement (warm-up "
-           "included, all rounds together); model ms is the worker's own time per batch.", "",
-           "| case | concurrency | batches | mean size | mean model ms | sizes (size: count) |",
-           "|---|---|---|---|---|---|"]
+    out = _table_start("Batches the worker ran",
+                       "From the worker's Prometheus histograms, scraped before and after each measurement "
+                       "(warm-up included, all rounds together); model ms is the worker's own time per batch.",
+                       ["case", "concurrency", "batches", "mean size", "mean model ms", "sizes (size: count)"])
     for r in batch_rows:
         b = r["detail"]["worker_batches"]
         hist = ", ".join(f"{k}: {v}" for k, v in b["histogram"].items())
@@ -73,12 +76,12 @@ def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _cpu(cpu_rows: list[dict[str, Any]]) -> list[str]:
-    out = ["", "### CPU per request", "",
-           "CPU time each process used during the measured window (from /proc; the load generator's own "
-           "process time), divided by the requests completed in it (storm: by the answers, 503s included). "
-           "On 2 shared cores throughput ratios mix a process's cost with its neighbours'; this figure does "
-           "not depend on how the cores were shared.", "",
-           "| case | system | concurrency | µs of CPU per request, by process |", "|---|---|---|---|"]
+    out = _table_start("CPU per request",
+                       "CPU time each process used during the measured window (from /proc; the load generator's "
+                       "own process time), divided by the requests completed in it (storm: by the answers, 503s "
+                       "included). On 2 shared cores throughput ratios mix a process's cost with its neighbours'; "
+                       "this figure does not depend on how the cores were shared.",
+                       ["case", "system", "concurrency", "µs of CPU per request, by process"])
     for r in cpu_rows:
         used = _cpu_used(r)
         cells = " · ".join(f"{name} {number(us)}" for name, us in used.items())
