@@ -66,9 +66,15 @@ def test_an_overloaded_model_is_refused_here_while_one_request_asks_the_broker(l
                     await asyncio.to_thread(wait_until, lambda: backlog_full().get("backlog_items") == 2, 30,
                                             "one request on the paused worker and two waiting")
                     first = await asyncio.gather(client.infer(MODEL, ["opens"]), return_exceptions=True)
-                    # Issued together: the first goes to the broker as the probe, the second is refused here.
-                    pair = await asyncio.gather(client.infer(MODEL, ["probe"]), client.infer(MODEL, ["local"]),
-                                                return_exceptions=True)
+                    # The broker is paused too, so the probe's answer cannot come back before "local" is
+                    # issued (on a busy machine it otherwise can, and then "local" is rightly a new probe).
+                    stack["broker"].signal(signal.SIGSTOP)
+                    try:
+                        probe = asyncio.create_task(client.infer(MODEL, ["probe"]))
+                        local = await asyncio.gather(client.infer(MODEL, ["local"]), return_exceptions=True)
+                    finally:
+                        stack["broker"].signal(signal.SIGCONT)
+                    pair = await asyncio.gather(probe, return_exceptions=True) + local
                     refusals = await asyncio.to_thread(refused_by_broker)
                 finally:
                     stack["w1"].signal(signal.SIGCONT)
