@@ -20,7 +20,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from broker import multipart
+from broker import NATIVE_STATUS, multipart
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
 from broker.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
@@ -97,7 +97,8 @@ class BrokerServer:
         return f"{len(stats['workers'])} worker(s), {backlog} item(s) waiting{draining}"
 
     async def run(self) -> None:
-        log.info("zbatch-broker: clients on %s, workers on %s", self.config.frontend, self.config.backend)
+        log.info("zbatch-broker: clients on %s, workers on %s; routing core %s", self.config.frontend,
+                 self.config.backend, NATIVE_STATUS)
         loop = asyncio.get_running_loop()
         for sync in self._sync.values():
             loop.add_reader(sync.FD, self._pump)

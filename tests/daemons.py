@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker import native
 from broker.client import AsyncClient, ZBatchError
 from broker.curve import CurveKeys
 
@@ -98,8 +99,10 @@ def _flags(settings: dict[str, Any]) -> list[str]:
 def _spawn(module: str, name: str, settings: dict[str, Any], log_dir: Path,
            extra_env: dict[str, str] | None = None) -> Daemon:
     log_path = log_dir / f"{name}.log"
-    # A test run under systemd must not have its daemons talk to that systemd.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    # A test run under systemd must not have its daemons talk to that systemd.  Settings come from the
+    # test, not the environment; a compiled build (scripts/test's second pass) carries on to the daemons.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_")) or k == native.ENV}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)} | (extra_env or {})
     with log_path.open("wb") as log:
         process = subprocess.Popen(

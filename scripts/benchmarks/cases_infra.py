@@ -8,22 +8,28 @@ how the 2 cores happened to be shared.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from broker import native
 from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_raw_call
 from scripts.benchmarks.common import Context, row
 from scripts.benchmarks.load import closed_loop
-from scripts.benchmarks.procs import MODEL, Procs
+from scripts.benchmarks.procs import MODEL, ROOT, Procs
 from scripts.benchmarks.texts import shuffled
 
 ECHO_WORKERS = 2
 PYTHON_FLOOR = "Python forwarder, no logic"
+COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: broker/native.py
 MAX_BATCH = 32
 
 
@@ -70,21 +76,38 @@ async def _answers(frontend: str) -> bool:
         return False
 
 
+async def _compile_native(build: str) -> bool:
+    """scripts/compile-native into ``build`` (about 20 s); False, with the reason logged, if it cannot."""
+    procs.log("routing: compiling the broker's hot path with mypyc (scripts/compile-native)")
+    done = await asyncio.to_thread(subprocess.run, [str(ROOT / "scripts" / "compile-native"), build],
+                                   env=os.environ | {"ZBATCH_VENV": sys.prefix}, capture_output=True, text=True)
+    if done.returncode != 0:
+        procs.log(f"routing: no compiled row, scripts/compile-native failed:\n{done.stderr[-2000:]}")
+    return done.returncode == 0
+
+
 async def routing(ctx: Context) -> None:
     """The zbatch broker vs libzmq's zmq.proxy, each with 2 instant echo workers and the same client.
 
+    The broker runs twice: interpreted, as installed, and with its hot path compiled by mypyc
+    (skipped, with the reason logged, where scripts/compile-native cannot build it).
     A third row, a Python forwarder with no logic at all on the same event loop
     and socket calls as the broker, is the floor for any broker written in
     Python: the share of zmq.proxy that routing costs before any scheduling.
     """
-    p = Procs()
-    try:
-        procs.log(f"routing: zbatch broker with {ECHO_WORKERS} echo workers")
-        frontend, backend = await procs.start_broker(p)
-        await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS)
-        await _zmq_runs(ctx, "routing", "zbatch broker", frontend, ctx.settings.side_concurrency, p)
-    finally:
-        p.close()
+    brokers: list[tuple[str, dict[str, str]]] = [("zbatch broker", {})]
+    with tempfile.TemporaryDirectory(prefix="zbatch-native-") as build:
+        if await _compile_native(build):
+            brokers.append((COMPILED_BROKER, {native.ENV: build}))
+        for system, env in brokers:
+            p = Procs()
+            try:
+                procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
+                frontend, backend = await procs.start_broker(p, env=env)
+                await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS)
+                await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, p)
+            finally:
+                p.close()
     for mode, system in (("proxy", "zmq.proxy"), ("forwarder", PYTHON_FLOOR)):
         p = Procs()
         try:

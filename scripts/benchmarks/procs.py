@@ -78,8 +78,9 @@ class Procs:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="zbatch-bench-")))
     procs: list[Proc] = field(default_factory=list)
 
-    def spawn(self, module: str, name: str, *args: str) -> Proc:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ZBATCH_")}
+    def spawn(self, module: str, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        """``env`` adds variables; the caller's own ZBATCH_* settings never leak into a benchmark."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZBATCH_")} | (env or {})
         env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as out:
@@ -133,9 +134,9 @@ async def http_ok(url: str) -> bool:
         return False
 
 
-async def start_broker(procs: Procs, *flags: str) -> tuple[str, str]:
+async def start_broker(procs: Procs, *flags: str, env: dict[str, str] | None = None) -> tuple[str, str]:
     frontend, backend = endpoint(), endpoint()
-    procs.spawn("broker", "broker", "--frontend", frontend, "--backend", backend, *flags)
+    procs.spawn("broker", "broker", "--frontend", frontend, "--backend", backend, *flags, env=env)
     await procs.wait(lambda: broker_stats(frontend), "the broker to answer STATS")
     return frontend, backend
 

@@ -150,6 +150,7 @@ CASE_NOTES = """
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
   within a minute).
 * **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load;
+  the same broker with its hot path compiled by mypyc (`scripts/compile-native`, `ZBATCH_NATIVE_DIR`);
   plus a Python forwarder with no logic on the broker's event loop and socket calls: the floor for any
   broker written in Python.
 * **gateway**: gateway + broker + echo workers (384-float outputs) vs a bare aiohttp handler answering
