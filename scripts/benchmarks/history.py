@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scripts.benchmarks.cases_infra import COMPILED_BROKER
 from scripts.benchmarks.report import find, scale_one, sorted_rows, times
 
 HEADING = "## History"
@@ -69,8 +70,9 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
         _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
         None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",
-        _ratio("broker vs proxy (c=32)", times(_value(rows, "req_s", "routing", "zbatch broker", 32),
-                                               _value(rows, "req_s", "routing", "zmq.proxy", 32))),
+        *(_ratio(f"{label} vs proxy (c=32)", times(_value(rows, "req_s", "routing", system, 32),
+                                                   _value(rows, "req_s", "routing", "zmq.proxy", 32)))
+          for label, system in (("broker", "zbatch broker"), ("compiled broker", COMPILED_BROKER))),
         _ratio("gateway vs bare (c=32)", times(_value(rows, "req_s", "gateway", "zbatch gateway + echo", 32),
                                                _value(rows, "req_s", "gateway", "bare aiohttp", 32))),
         *(_ratio(label, value) for label, value in goodput), *_scale(rows)]
