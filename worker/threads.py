@@ -18,10 +18,14 @@ warm-up, says how long each batch would take on the full thread count; the
 *slowdown* of a batch is its real time over that.  The governor keeps the
 slowdowns of the last few batches at the current thread count.  When their
 median says something is wrong (full count, median at least SUSPECT_SLOWDOWN)
-or now and then anyway (one thread: the neighbours may have gone), one batch
-runs at the other count as a probe.  A probe clearly faster than the current
-median wins and becomes the current count; a losing probe doubles the wait
-before the next one, up to MAX_PROBE_INTERVAL_S.
+or now and then anyway (one thread: the neighbours may have gone), batches
+run at the other count as a probe.  The other count wins only if
+PROBE_BATCHES probe batches in a row are each clearly faster than the current
+median; then it becomes the current count.  One batch is not enough: batch
+times next to busy neighbours are noisy, and in the open-loop overload one
+lucky batch on 2 threads (against 1.8x on one) moved a worker back to 2
+threads, where its batches took 2.1x, for 7 of 20 seconds.  A losing probe
+doubles the wait before the next one, up to MAX_PROBE_INTERVAL_S.
 
 Sans I/O: the caller reports each batch and asks for the next count; the
 clock is passed in.  Batches without a modelled time (batch 1, tasks with no
@@ -38,6 +42,7 @@ from collections.abc import Callable
 SUSPECT_SLOWDOWN = 1.5  # below this the full thread count is doing fine: no probes at all
 WIN_MARGIN = 0.9  # a probe must beat the current median by 10 % to win
 RECENT_BATCHES = 3
+PROBE_BATCHES = 2  # probe batches in a row that must each win before the count switches
 BASE_PROBE_INTERVAL_S = 2.0
 MAX_PROBE_INTERVAL_S = 32.0
 
@@ -51,6 +56,7 @@ class ThreadGovernor:
         self._clock = clock
         self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)
         self._probing = False
+        self._probe_wins: list[float] = []  # slowdowns of this probe's winning batches so far
         self._probe_interval_s = BASE_PROBE_INTERVAL_S
         self._next_probe_at = 0.0
         self.lost_slowdown = 0.0  # the median slowdown of the count the last winning probe replaced
@@ -82,16 +88,24 @@ class ThreadGovernor:
         return self.current != self.full or self.slowdown >= SUSPECT_SLOWDOWN
 
     def _settle_probe(self, slowdown: float) -> None:
+        """Count a probe batch: keep probing while it wins, switch after PROBE_BATCHES wins, back off on a loss."""
+        if slowdown >= WIN_MARGIN * self.slowdown:
+            self._end_probe(min(2 * self._probe_interval_s, MAX_PROBE_INTERVAL_S))
+            return
+        self._probe_wins.append(slowdown)
+        if len(self._probe_wins) < PROBE_BATCHES:
+            return
+        self.lost_slowdown = self.slowdown
+        self.current = self._other()
+        self._recent.clear()
+        self._recent.extend(self._probe_wins)
+        self._end_probe(BASE_PROBE_INTERVAL_S)
+
+    def _end_probe(self, next_interval_s: float) -> None:
         self._probing = False
-        if slowdown < WIN_MARGIN * self.slowdown:
-            self.lost_slowdown = self.slowdown
-            self.current = self._other()
-            self._recent.clear()
-            self._recent.append(slowdown)
-            self._probe_interval_s = BASE_PROBE_INTERVAL_S
-        else:
-            self._probe_interval_s = min(2 * self._probe_interval_s, MAX_PROBE_INTERVAL_S)
-        self._next_probe_at = self._clock() + self._probe_interval_s
+        self._probe_wins.clear()
+        self._probe_interval_s = next_interval_s
+        self._next_probe_at = self._clock() + next_interval_s
 
     def _other(self) -> int:
         return 1 if self.current == self.full else self.full

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from worker.threads import BASE_PROBE_INTERVAL_S, MAX_PROBE_INTERVAL_S, SUSPECT_SLOWDOWN, ThreadGovernor
+import itertools
+
+from worker.threads import (
+    BASE_PROBE_INTERVAL_S,
+    MAX_PROBE_INTERVAL_S,
+    PROBE_BATCHES,
+    SUSPECT_SLOWDOWN,
+    ThreadGovernor,
+)
 
 
 class FakeClock:
@@ -35,11 +43,13 @@ def test_a_quiet_machine_keeps_every_thread_and_never_probes() -> None:
     assert used == {2}
 
 
-def test_contended_cores_move_to_one_thread_after_one_probe() -> None:
+def test_contended_cores_move_to_one_thread_after_a_probe_of_two_batches() -> None:
     clock = FakeClock()
     governor = ThreadGovernor(2, clock)
     assert run_batch(governor, clock, ONE_NEIGHBOUR) == 2  # slowdown 2.2: suspicious
-    assert run_batch(governor, clock, ONE_NEIGHBOUR) == 1  # the probe, 1.7: wins
+    assert run_batch(governor, clock, ONE_NEIGHBOUR) == 1  # the probe's first batch, 1.7: wins
+    assert governor.current == 2
+    assert run_batch(governor, clock, ONE_NEIGHBOUR) == 1  # and its second: switch
     assert governor.current == 1
     assert governor.lost_slowdown == ONE_NEIGHBOUR[2] / 0.25
     assert {run_batch(governor, clock, ONE_NEIGHBOUR) for _ in range(3)} == {1}
@@ -48,7 +58,7 @@ def test_contended_cores_move_to_one_thread_after_one_probe() -> None:
 def test_probes_go_back_to_every_thread_once_the_neighbours_leave() -> None:
     clock = FakeClock()
     governor = ThreadGovernor(2, clock)
-    for _ in range(2):
+    for _ in range(1 + PROBE_BATCHES):
         run_batch(governor, clock, ONE_NEIGHBOUR)
     assert governor.current == 1
     used = [run_batch(governor, clock, NEIGHBOURS_GONE) for _ in range(10)]
@@ -62,18 +72,38 @@ def test_probes_go_back_to_every_thread_once_the_neighbours_leave() -> None:
 def test_losing_probes_wait_twice_as_long_each_time_up_to_a_cap() -> None:
     clock = FakeClock()
     governor = ThreadGovernor(2, clock)
-    for _ in range(2):
+    for _ in range(1 + PROBE_BATCHES):
         run_batch(governor, clock, ONE_NEIGHBOUR)
     probe_times = []
     while clock.now < 300:
         if run_batch(governor, clock, ONE_NEIGHBOUR) == 2:
             probe_times.append(clock.now)
     assert governor.current == 1
-    gaps = [later - earlier for earlier, later in zip(probe_times, probe_times[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(probe_times)]
     assert gaps[0] >= 2 * BASE_PROBE_INTERVAL_S
-    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:]))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(gaps))
     assert max(gaps) <= MAX_PROBE_INTERVAL_S + ONE_NEIGHBOUR[1] + ONE_NEIGHBOUR[2]
     assert max(gaps) >= MAX_PROBE_INTERVAL_S
+
+
+def test_one_lucky_probe_batch_does_not_switch_back() -> None:
+    """Seen in the open-loop overload: 1.8x on one thread, 2.1x on two, and now and then one fast batch on two."""
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    overload = {2: 0.25 * 2.1, 1: 0.25 * 1.8}
+    for _ in range(1 + PROBE_BATCHES):
+        run_batch(governor, clock, overload)
+    assert governor.current == 1
+    lucky_then_usual = iter([0.25 * 1.5, 0.25 * 2.1])
+    probes = 0
+    while probes < 2:
+        threads = governor.threads
+        seconds = next(lucky_then_usual) if threads == 2 else overload[1]
+        probes += threads == 2
+        clock.now += seconds
+        governor.observe(threads, seconds, 0.25)
+    assert governor.current == 1
+    assert governor.threads == 1  # the probe ended at its losing batch
 
 
 def test_a_probe_that_is_not_clearly_faster_does_not_switch() -> None:
