@@ -1,0 +1,92 @@
+"""The batch delay against the clients' round trip, on a simulated accelerator behind the real worker.
+
+``python -m scripts.benchmarks.delay [--delays 0,2,5] [--concurrency 8,32]``
+prints a Markdown table: for each ``--max-batch-delay-ms``, the throughput of
+closed-loop clients (the project's AsyncClient) over what full batches would
+give, and the batch sizes the worker ran.  The worker, broker and policy are
+the real ones; only the model is replaced by :class:`SleepRunner`, which
+costs a fixed time per batch plus a little per item, like a GPU, and uses no
+CPU.  Not a case of ``scripts/bench``: it answers an operator's question (how
+long a delay does a GPU host need?), and the answer is in the README.
+
+Why it matters: if the delay is shorter than the time the last batch's
+clients take to send again, one early client's item runs alone and the rest
+form the next batch, and the two alternate for good.  With a fixed cost per
+batch that halves throughput (see :mod:`worker.batching`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from typing import Any
+
+from broker import eventloop
+from broker.client import AsyncClient
+from scripts.benchmarks import batches, calls, load
+from scripts.benchmarks.procs import Procs, free_port, start_broker, wait_workers
+
+BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
+ITEM_MS = 0.2  # and of each item in it
+MODEL = "simulated"
+MAX_BATCH = 32
+
+
+class SleepRunner:
+    """A worker runner (``--task python:scripts.benchmarks.delay:SleepRunner``) that sleeps like a GPU computes."""
+
+    def __init__(self, spec: Any, device: str, dtype: Any) -> None:
+        self.spec = spec
+        self.device = "cpu"
+
+    def warm_up(self) -> None:
+        """Nothing to warm: the runner has no model."""
+
+    def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
+        time.sleep((BATCH_MS + ITEM_MS * len(inputs)) / 1000)
+        return [len(text) for text in inputs]
+
+
+async def measure(delay_ms: float, concurrency: int, seconds: float) -> dict[str, Any]:
+    """Throughput and batch sizes of ``concurrency`` closed-loop clients with this batch delay."""
+    procs = Procs()
+    try:
+        frontend, backend = await start_broker(procs)
+        metrics_port = free_port()
+        procs.spawn("worker", "w0", "--backend", backend, "--name", "w0", "--workers", "1", "--torch-threads", "1",
+                    "--task", "python:scripts.benchmarks.delay:SleepRunner", "--model-path", tempfile.mkdtemp(),
+                    "--model-name", MODEL, "--max-batch-size", str(MAX_BATCH),
+                    "--max-batch-delay-ms", str(delay_ms), "--metrics-port", str(metrics_port))
+        await wait_workers(procs, frontend, 1)
+        metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        async with AsyncClient(frontend) as client:
+            call = calls.zmq_infer_call(client, MODEL, ["a short text"])
+            before = await batches.snapshot(metrics)
+            result = await load.closed_loop(call, concurrency, warmup_s=0.0, duration_s=seconds)
+            ran = batches.difference(before, await batches.snapshot(metrics))
+        full = min(concurrency, MAX_BATCH)
+        ideal = full / (BATCH_MS + ITEM_MS * full) * 1000
+        return {"req_s": result["req_s"], "ideal": ideal, "p50_ms": result["p50_ms"], "batches": ran}
+    finally:
+        procs.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--delays", default="0,2,5", help="comma-separated --max-batch-delay-ms values")
+    parser.add_argument("--concurrency", default="8,32", help="comma-separated numbers of closed-loop clients")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per cell")
+    args = parser.parse_args()
+    print(f"Simulated accelerator: {BATCH_MS:g} ms per batch + {ITEM_MS:g} ms per item, batches of up to {MAX_BATCH}.")
+    print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |\n|---|---|---|---|---|---|")
+    for delay in (float(d) for d in args.delays.split(",")):
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            cell = eventloop.run(measure(delay, concurrency, args.seconds))
+            sizes = ", ".join(f"{size}: {count}" for size, count in cell["batches"].get("histogram", {}).items())
+            print(f"| {delay:g} | {concurrency} | {cell['req_s']:.0f} | {cell['req_s'] / cell['ideal']:.2f}× | "
+                  f"{cell['p50_ms']:.1f} | {sizes} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
