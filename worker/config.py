@@ -32,7 +32,8 @@ class WorkerConfig:
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
     dtype: str = option("auto", "weights dtype; float16 and bfloat16 need CUDA", choices=DTYPES)
     max_batch_size: int = option(32, "most items in one batch", minimum=1)
-    max_batch_delay_ms: float = option(5.0, "longest wait after a batch's first item; 0 never waits", minimum=0)
+    max_batch_delay_ms: float = option(
+        5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)
     extra_models: str = option(
         "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,max_batch_size=..,"
         "max_batch_delay_ms=..]' separated by ';' (unset keys: the main model's)")

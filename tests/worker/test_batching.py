@@ -58,10 +58,32 @@ def test_size_cap_runs_at_once_even_inside_the_window() -> None:
     assert p.run_at(now=1.0, pending=4, first_arrival=1.0, idle_since=0.0) == 1.0
 
 
-def test_items_that_waited_for_a_busy_model_run_when_it_frees() -> None:
+def test_items_that_waited_for_a_busy_model_run_when_it_frees_if_no_more_are_coming() -> None:
+    p = policy(max_batch=32)
+    p.arrived(0.5, 2)
+    assert p.run_at(now=1.0, pending=2, first_arrival=0.5, idle_since=1.0) == 1.0
+
+
+def test_the_batch_after_a_busy_model_gets_one_window_from_when_the_model_freed() -> None:
+    """Closed-loop clients: the last batch's clients are sending again, and one early item is already waiting.
+
+    Running that item alone at once would let it and the returning rest alternate as two batches for good.
+    """
     p = policy(max_batch=32)
     steady_stream(p, start=0.0, per_second=1000, seconds=1)
-    assert p.run_at(now=1.0, pending=5, first_arrival=0.999, idle_since=1.0) == 1.0
+    freed = 1.0
+    assert p.run_at(now=freed, pending=1, first_arrival=0.95, idle_since=freed) == freed + 0.005
+    for step in range(1, 5):  # the returning clients never push the deadline back
+        now = freed + step * 0.001
+        p.arrived(now, 1)
+        assert p.run_at(now=now, pending=1 + step, first_arrival=0.95, idle_since=freed) == freed + 0.005
+    assert p.run_at(now=freed + 0.005, pending=5, first_arrival=0.95, idle_since=freed) == freed + 0.005
+
+
+def test_a_full_batch_after_a_busy_model_runs_at_once() -> None:
+    p = policy(max_batch=4)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=4, first_arrival=0.95, idle_since=1.0) == 1.0
 
 
 def test_zero_delay_never_waits() -> None:
