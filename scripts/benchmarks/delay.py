@@ -1,6 +1,6 @@
 """The batch delay against the clients' round trip, on a simulated accelerator behind the real worker.
 
-``python -m scripts.benchmarks.delay [--delays 0,2,5] [--concurrency 8,32]``
+``python -m scripts.benchmarks.delay [--delays 0,2,5] [--concurrency 8,32] [--batch-ms 20] [--item-ms 0.2]``
 prints a Markdown table: for each ``--max-batch-delay-ms``, the throughput of
 closed-loop clients (the project's AsyncClient) over what full batches would
 give, and the batch sizes the worker ran.  The worker, broker and policy are
@@ -18,6 +18,7 @@ batch that halves throughput (see :mod:`worker.batching`).
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from scripts.benchmarks.procs import Procs, free_port, start_broker, wait_worker
 
 BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
 ITEM_MS = 0.2  # and of each item in it
+COST_ENV = "DELAY_BENCH_COST_MS"  # "batch,item": how the benchmark tells the worker's runner its costs
 MODEL = "simulated"
 MAX_BATCH = 32
 
@@ -39,16 +41,19 @@ class SleepRunner:
     def __init__(self, spec: Any, device: str, dtype: Any) -> None:
         self.spec = spec
         self.device = "cpu"
+        batch_ms, item_ms = os.environ.get(COST_ENV, f"{BATCH_MS},{ITEM_MS}").split(",")
+        self.batch_s, self.item_s = float(batch_ms) / 1000, float(item_ms) / 1000
 
     def warm_up(self) -> None:
         """Nothing to warm: the runner has no model."""
 
     def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
-        time.sleep((BATCH_MS + ITEM_MS * len(inputs)) / 1000)
+        time.sleep(self.batch_s + self.item_s * len(inputs))
         return [len(text) for text in inputs]
 
 
-async def measure(delay_ms: float, concurrency: int, seconds: float) -> dict[str, Any]:
+async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: float, item_ms: float
+                  ) -> dict[str, Any]:
     """Throughput and batch sizes of ``concurrency`` closed-loop clients with this batch delay."""
     procs = Procs()
     try:
@@ -57,7 +62,8 @@ async def measure(delay_ms: float, concurrency: int, seconds: float) -> dict[str
         procs.spawn("worker", "w0", "--backend", backend, "--name", "w0", "--workers", "1", "--torch-threads", "1",
                     "--task", "python:scripts.benchmarks.delay:SleepRunner", "--model-path", tempfile.mkdtemp(),
                     "--model-name", MODEL, "--max-batch-size", str(MAX_BATCH),
-                    "--max-batch-delay-ms", str(delay_ms), "--metrics-port", str(metrics_port))
+                    "--max-batch-delay-ms", str(delay_ms), "--metrics-port", str(metrics_port),
+                    env={COST_ENV: f"{batch_ms},{item_ms}"})
         await wait_workers(procs, frontend, 1)
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         async with AsyncClient(frontend) as client:
@@ -66,7 +72,7 @@ async def measure(delay_ms: float, concurrency: int, seconds: float) -> dict[str
             result = await load.closed_loop(call, concurrency, warmup_s=0.0, duration_s=seconds)
             ran = batches.difference(before, await batches.snapshot(metrics))
         full = min(concurrency, MAX_BATCH)
-        ideal = full / (BATCH_MS + ITEM_MS * full) * 1000
+        ideal = full / (batch_ms + item_ms * full) * 1000
         return {"req_s": result["req_s"], "ideal": ideal, "p50_ms": result["p50_ms"], "batches": ran}
     finally:
         procs.close()
@@ -77,12 +83,15 @@ def main() -> None:
     parser.add_argument("--delays", default="0,2,5", help="comma-separated --max-batch-delay-ms values")
     parser.add_argument("--concurrency", default="8,32", help="comma-separated numbers of closed-loop clients")
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per cell")
+    parser.add_argument("--batch-ms", type=float, default=BATCH_MS, help="the simulated model's cost per batch")
+    parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
     args = parser.parse_args()
-    print(f"Simulated accelerator: {BATCH_MS:g} ms per batch + {ITEM_MS:g} ms per item, batches of up to {MAX_BATCH}.")
+    print(f"Simulated accelerator: {args.batch_ms:g} ms per batch + {args.item_ms:g} ms per item, "
+          f"batches of up to {MAX_BATCH}.")
     print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |\n|---|---|---|---|---|---|")
     for delay in (float(d) for d in args.delays.split(",")):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            cell = eventloop.run(measure(delay, concurrency, args.seconds))
+            cell = eventloop.run(measure(delay, concurrency, args.seconds, args.batch_ms, args.item_ms))
             sizes = ", ".join(f"{size}: {count}" for size, count in cell["batches"].get("histogram", {}).items())
             print(f"| {delay:g} | {concurrency} | {cell['req_s']:.0f} | {cell['req_s'] / cell['ideal']:.2f}× | "
                   f"{cell['p50_ms']:.1f} | {sizes} |", flush=True)
