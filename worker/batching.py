@@ -19,11 +19,15 @@ answers one question: run what is pending now, or wait a little for more?
   0.72x and 0.86x of full batches at 8 and 32 clients instead of 0.50x and
   0.54x (``python -m scripts.benchmarks.delay``).
 * Waiting only pays if more items will come within the window.  The policy
-  estimates the recent arrival rate; if fewer than
-  ``WAIT_THRESHOLD`` more items are expected before the deadline, it runs
-  now, so a lone request on a quiet worker is not delayed.
-  (At 45 requests/s from one closed-loop client, 5 ms holds 0.22 expected
-  arrivals: run now.  At 8 clients, about 1.5: wait and batch.)
+  estimates the recent rate of *concurrent* arrivals, items that came while
+  the worker already held others; if fewer than ``WAIT_THRESHOLD`` more are
+  expected before the deadline, it runs now, so a lone request on a quiet
+  worker is not delayed.  Counting every arrival was wrong for a lone
+  closed-loop client: it cannot send again until answered, yet a fast model
+  made it look like traffic worth waiting for (its requests alone reach
+  100/s with a 10 ms model, 0.5 expected in 5 ms), and it then waited the
+  whole window on every request.  Its arrivals always find the worker empty,
+  so now they never count.  Eight clients: 7 of each 8 arrive next to others.
 * ``max_delay == 0`` means never wait.
 """
 
@@ -64,8 +68,10 @@ class BatchPolicy:
     max_delay_s: float
     rate: ArrivalRate = field(default_factory=ArrivalRate)
 
-    def arrived(self, now: float, items: int) -> None:
-        self.rate.record(now, items)
+    def arrived(self, now: float, items: int, others_held: bool) -> None:
+        """``others_held``: the worker held other items of this model when these came, so they are concurrent."""
+        if others_held:
+            self.rate.record(now, items)
 
     def run_at(self, now: float, pending: int, first_arrival: float, idle_since: float) -> float | None:
         """When to start the next batch on a free model (``<= now``: at once); None if nothing is pending."""

@@ -160,9 +160,10 @@ class WorkerServer:
         key = msgpack.packb(sorted(parameters.items()), use_bin_type=True, default=str)
         log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, len(inputs),
                   extra={"request_id": request.trace})
+        others_held = len(slot.assembler) > 0
         slot.assembler.add(PendingRequest(request.request_id, inputs, parameters, key, deadline, now,
                                           request.trace))
-        slot.policy.arrived(now, len(inputs))
+        slot.policy.arrived(now, len(inputs), others_held)
         self._schedule()
 
     def _schedule(self) -> None:

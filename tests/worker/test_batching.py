@@ -10,10 +10,10 @@ def policy(max_batch: int = 4, delay_ms: float = 5.0) -> BatchPolicy:
 
 
 def steady_stream(p: BatchPolicy, start: float, per_second: float, seconds: float) -> float:
-    """Record a stream of single items and return the time of the last one."""
+    """Record a stream of single items from many clients and return the time of the last one."""
     t, gap = start, 1 / per_second
     while t < start + seconds:
-        p.arrived(t, 1)
+        p.arrived(t, 1, others_held=True)
         t += gap
     return t - gap
 
@@ -24,8 +24,21 @@ def test_nothing_pending_means_nothing_to_run() -> None:
 
 def test_lone_request_on_a_quiet_worker_runs_at_once() -> None:
     p = policy()
-    p.arrived(10.0, 1)
+    p.arrived(10.0, 1, others_held=False)
     assert p.run_at(now=10.0, pending=1, first_arrival=10.0, idle_since=0.0) == 10.0
+
+
+def test_a_lone_closed_loop_client_never_waits_however_fast_it_sends() -> None:
+    """300 requests/s, one at a time: each finds the worker empty, so none says more are coming.
+
+    Counting them as traffic (1.5 expected in 5 ms) made a lone client wait the whole window every time.
+    """
+    p = policy(max_batch=32)
+    t = 0.0
+    while t < 1.0:
+        p.arrived(t, 1, others_held=False)
+        assert p.run_at(now=t, pending=1, first_arrival=t, idle_since=t - 0.001) == t
+        t += 1 / 300
 
 
 def test_slow_trickle_does_not_wait() -> None:
@@ -42,7 +55,7 @@ def test_busy_stream_waits_for_the_window_that_the_first_item_started() -> None:
     # Later arrivals never push the deadline back.
     for step in range(1, 5):
         now = first + step * 0.001
-        p.arrived(now, 1)
+        p.arrived(now, 1, others_held=True)
         assert p.run_at(now=now, pending=step + 1, first_arrival=first, idle_since=0.0) == first + 0.005
 
 
@@ -60,7 +73,7 @@ def test_size_cap_runs_at_once_even_inside_the_window() -> None:
 
 def test_items_that_waited_for_a_busy_model_run_when_it_frees_if_no_more_are_coming() -> None:
     p = policy(max_batch=32)
-    p.arrived(0.5, 2)
+    p.arrived(0.5, 2, others_held=True)
     assert p.run_at(now=1.0, pending=2, first_arrival=0.5, idle_since=1.0) == 1.0
 
 
@@ -75,7 +88,7 @@ def test_the_batch_after_a_busy_model_gets_one_window_from_when_the_model_freed(
     assert p.run_at(now=freed, pending=1, first_arrival=0.95, idle_since=freed) == freed + 0.005
     for step in range(1, 5):  # the returning clients never push the deadline back
         now = freed + step * 0.001
-        p.arrived(now, 1)
+        p.arrived(now, 1, others_held=True)
         assert p.run_at(now=now, pending=1 + step, first_arrival=0.95, idle_since=freed) == freed + 0.005
     assert p.run_at(now=freed + 0.005, pending=5, first_arrival=0.95, idle_since=freed) == freed + 0.005
 
