@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from broker.metrics import histogram_family
 from broker.protocol import Status
@@ -24,7 +24,13 @@ def worker_families(slots: Mapping[str, ModelSlot]) -> list[Metric]:
             family.add_metric([model], value(slot))
         return family
 
+    window = GaugeMetricFamily("zbatch_worker_batch_window_seconds",
+                               "Longest wait for more items: the batch delay, or the model's fixed cost per batch "
+                               "if shorter", labels=["model"])
+    for model, slot in slots.items():
+        window.add_metric([model], slot.policy.window_s)
     return [
+        window,
         histogram_family("zbatch_worker_batch_size_items", "Items per batch run by the model",
                          ["model"], (([m], slot.batch_sizes) for m, slot in slots.items())),
         histogram_family("zbatch_worker_inference_duration_seconds", "Time the model took per batch",

@@ -203,6 +203,7 @@ class WorkerServer:
         slot.batched_items += len(batch.items)
         slot.batch_sizes.observe(len(batch.items))
         slot.inference_times.observe(elapsed_s)
+        slot.policy.ran(len(batch.items), elapsed_s)
         log.debug("%s: batch of %d items in %.1f ms", model, len(batch.items), elapsed_s * 1000)
         self._send_replies(slot.assembler.complete(batch, outcomes))
         self._schedule()

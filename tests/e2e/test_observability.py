@@ -136,6 +136,8 @@ def test_worker_exports_batches_items_and_their_sizes_and_times(observed: dict[s
     assert delta("zbatch_worker_inference_duration_seconds_sum") > 0
     assert ("zbatch_worker_items_expired_total", (("model", MODEL),)) in after
     assert ("zbatch_worker_items_cancelled_total", (("model", MODEL),)) in after
+    # the default 5 ms delay, or the model's fixed cost per batch once batches of two sizes have run
+    assert 0 <= value(after, "zbatch_worker_batch_window_seconds", model=MODEL) <= 0.005
 
 
 # ----------------------------------------------------------- request ids

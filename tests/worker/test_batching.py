@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.batching import ArrivalRate, BatchPolicy
+from worker.batching import COST_MIN_BATCHES, ArrivalRate, BatchCost, BatchPolicy
 
 
 def policy(max_batch: int = 4, delay_ms: float = 5.0) -> BatchPolicy:
@@ -111,3 +111,74 @@ def test_arrival_rate_forgets_old_arrivals() -> None:
         rate.record(i * 0.01, 2)
     assert rate.per_second(0.1) == 20
     assert rate.per_second(5.0) == 0
+
+
+def run_batches(p: BatchPolicy, fixed_ms: float, item_ms: float, sizes: list[int]) -> None:
+    for items in sizes:
+        p.ran(items, (fixed_ms + item_ms * items) / 1000)
+
+
+def test_the_cost_fit_finds_the_fixed_cost_per_batch() -> None:
+    cost = BatchCost()
+    for items in [1, 4, 8, 32, 2, 16] * 3:
+        cost.record(items, 0.020 + 0.0002 * items)
+    assert cost.fixed_s is not None and abs(cost.fixed_s - 0.020) < 1e-9
+
+
+def test_the_cost_fit_is_unknown_until_batches_of_two_sizes_ran() -> None:
+    cost = BatchCost()
+    for _ in range(COST_MIN_BATCHES):
+        cost.record(1, 0.010)
+    assert cost.fixed_s is None  # one size only: fixed and per-item cost cannot be told apart
+    cost.record(8, 0.017)
+    assert cost.fixed_s is not None and abs(cost.fixed_s - 0.009) < 1e-9
+
+
+def test_a_steady_run_of_one_size_keeps_what_other_sizes_cost() -> None:
+    """Eight closed-loop clients run batches of 8 over and over; a batch of 1 seen long ago still counts."""
+    cost = BatchCost()
+    for items in [1, 8] * 4:
+        cost.record(items, 0.002 + 0.0002 * items)
+    for _ in range(1_000):
+        cost.record(8, 0.002 + 0.0002 * 8)
+    assert cost.fixed_s is not None and abs(cost.fixed_s - 0.002) < 1e-9
+
+
+def test_a_batch_whose_size_costs_nothing_is_all_fixed_cost() -> None:
+    """Noise can make larger batches look cheaper; then the size buys nothing and the batch time is fixed."""
+    cost = BatchCost()
+    for items, ms in [(1, 21), (32, 19)] * 5:
+        cost.record(items, ms / 1000)
+    assert cost.fixed_s is not None and abs(cost.fixed_s - 0.020) < 1e-9
+
+
+def test_the_cost_fit_follows_the_model_when_it_changes() -> None:
+    cost = BatchCost()
+    for items in [1, 8] * 8:
+        cost.record(items, 0.010 + 0.001 * items)
+    for items in [1, 8] * 100:  # e.g. the worker dropped to one torch thread
+        cost.record(items, 0.002 + 0.001 * items)
+    assert cost.fixed_s is not None and abs(cost.fixed_s - 0.002) < 1e-6
+
+
+def test_a_fast_model_waits_no_longer_than_its_fixed_cost() -> None:
+    """A 2 ms batch on a 5 ms delay: idling 5 ms to save one 2 ms batch loses 3 ms of model time."""
+    p = policy(max_batch=32, delay_ms=5)
+    run_batches(p, fixed_ms=2, item_ms=0.2, sizes=[1, 4, 8, 2] * 4)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=1, first_arrival=1.0, idle_since=0.5) == 1.0 + 0.002
+
+
+def test_a_slow_model_still_waits_the_whole_delay() -> None:
+    p = policy(max_batch=32, delay_ms=5)
+    run_batches(p, fixed_ms=20, item_ms=0.2, sizes=[1, 4, 8, 2] * 4)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=1, first_arrival=1.0, idle_since=0.5) == 1.0 + 0.005
+
+
+def test_a_model_with_no_fixed_cost_never_waits() -> None:
+    """Each item costs the same in any batch (as on a CPU without padding): merging saves nothing."""
+    p = policy(max_batch=32, delay_ms=5)
+    run_batches(p, fixed_ms=0, item_ms=8, sizes=[1, 4, 8, 2] * 4)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)
+    assert p.run_at(now=1.0, pending=1, first_arrival=1.0, idle_since=0.5) == 1.0
