@@ -7,6 +7,11 @@ every point once, the limit at a batch size right before the systems at the
 matching concurrency, and each row reports the median over the rounds.  The
 ratios that the targets use are taken inside each round and then the median
 is reported (``paired``), so drift between rounds cancels out.
+
+``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (2-3x
+faster on CPUs with AVX512-BF16 or AMX), measured against a limit process in
+bfloat16 too (case ``limit-bf16``), and against float32 zbatch in the same
+rounds.  The Hugging Face guide's servers stay float32, as the guide writes them.
 """
 
 from __future__ import annotations
@@ -19,15 +24,19 @@ from typing import Any
 from broker.client import AsyncClient
 from scripts.benchmarks import batches, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
-from scripts.benchmarks.common import Context, row
+from scripts.benchmarks.common import Context, ZbatchStack, row, system_key
 from scripts.benchmarks.load import closed_loop, quiet
 from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 
-CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
-                "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched"}
-LIMIT_POINTS = ((1, False), (8, False), (32, False), (32, True))  # (batch size, padding-aware grouping)
+                "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
+                "zbatch-bf16": "zbatch gateway, bfloat16"}
+# (batch size, padding-aware grouping) of each limit case's points; the bfloat16 one runs with zbatch-bf16.
+LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
+                "limit-bf16": ((1, False), (32, False), (32, True))}
+LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,14 @@ def limit_name(batch_size: int, grouped: bool) -> str:
 
 def needs(selected: list[str]) -> set[str]:
     """The long-lived systems the selected model cases run on (names as in Context.release)."""
-    wanted = {"limit": "limit", "zbatch-http": "zbatch", "zbatch-zmq": "zbatch",
-              "baseline-naive": "naive", "baseline-batched": "batched"}
-    return {wanted[case] for case in selected if case in wanted}
+    wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"},
+              "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
+              "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")}}
+    return set().union(*(wanted[case] for case in selected if case in wanted))
+
+
+def _limit_cases(selected: list[str]) -> list[str]:
+    return [case for case, wanted in (("limit", "limit"), ("limit-bf16", "zbatch-bf16")) if wanted in selected]
 
 
 async def run(ctx: Context, selected: list[str]) -> None:
@@ -74,55 +88,39 @@ def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int]
            ) -> list[tuple[Point, Measure]]:
     """One round's points: each limit batch size right before the systems at the matching concurrency."""
     order: list[tuple[Point, Measure]] = []
-    limits = list(LIMIT_POINTS) if "limit" in selected else []
+    limits = [(case, *point) for case in _limit_cases(selected) for point in LIMIT_POINTS[case]]
     for c in ctx.settings.concurrency:
-        for batch_size, grouped in [p for p in limits if p[0] <= c]:
-            limits.remove((batch_size, grouped))
-            order.append((Point("limit", limit_name(batch_size, grouped), "-"),
-                          _limit_measure(ctx, batch_size, grouped)))
+        for case, batch_size, grouped in [p for p in limits if p[1] <= c]:
+            limits.remove((case, batch_size, grouped))
+            order.append(_limit_point(ctx, case, batch_size, grouped))
         order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in CASES if case in measures]
-    order += [(Point("limit", limit_name(b, g), "-"), _limit_measure(ctx, b, g)) for b, g in limits]
+    order += [_limit_point(ctx, case, b, g) for case, b, g in limits]
     return order
 
 
-def _limit_measure(ctx: Context, batch_size: int, grouped: bool) -> Measure:
+def _limit_point(ctx: Context, case: str, batch_size: int, grouped: bool) -> tuple[Point, Measure]:
     async def measure() -> dict[str, Any]:
         s = ctx.settings
-        limit = await ctx.limit()
+        limit = await ctx.limit(LIMIT_DTYPES[case])
         return await limit.measure(batch_size, grouped, s.warmup_s, s.duration_s)
 
-    return measure
+    return Point(case, limit_name(batch_size, grouped), "-"), measure
 
 
 async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[int], Measure]]:
     """Start the systems (limit first: it is the reference) and return one measure-maker per served case."""
     s = ctx.settings
-    if "limit" in selected:
-        await ctx.limit()
+    for case in _limit_cases(selected):
+        await ctx.limit(LIMIT_DTYPES[case])
     makers: dict[str, Callable[[int], Measure]] = {}
     if "zbatch-http" in selected or "zbatch-zmq" in selected:
         stack = await ctx.zbatch()
-        client = AsyncClient(stack.frontend)  # closed by the process's exit; one for all rounds
-
-        def zbatch_measure(http: bool) -> Callable[[int], Measure]:
-            def maker(c: int) -> Measure:
-                async def measure() -> dict[str, Any]:
-                    before = await stack.batches()
-                    if http:
-                        async with http_session(limit=c) as session:
-                            result = await closed_loop(http_call(session, stack.url, shuffled()), c, s.warmup_s,
-                                                       s.duration_s, watch=stack.procs.pids())
-                    else:
-                        result = await closed_loop(zmq_infer_call(client, MODEL, shuffled()), c, s.warmup_s,
-                                                   s.duration_s, watch=stack.procs.pids())
-                    return result | {"worker_batches": batches.difference(before, await stack.batches())}
-                return measure
-            return maker
-
         if "zbatch-http" in selected:
-            makers["zbatch-http"] = zbatch_measure(http=True)
+            makers["zbatch-http"] = _zbatch_maker(ctx, stack, http=True)
         if "zbatch-zmq" in selected:
-            makers["zbatch-zmq"] = zbatch_measure(http=False)
+            makers["zbatch-zmq"] = _zbatch_maker(ctx, stack, http=False)
+    if "zbatch-bf16" in selected:
+        makers["zbatch-bf16"] = _zbatch_maker(ctx, await ctx.zbatch("bfloat16"), http=True)
     for mode in ("naive", "batched"):
         if f"baseline-{mode}" in selected:
             baseline = await ctx.baseline(mode)
@@ -136,6 +134,26 @@ async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[in
 
             makers[f"baseline-{mode}"] = baseline_maker
     return makers
+
+
+def _zbatch_maker(ctx: Context, stack: ZbatchStack, http: bool) -> Callable[[int], Measure]:
+    """Closed-loop measures of ``stack``, over HTTP through its gateway or with the ZMQ client."""
+    s = ctx.settings
+    client = None if http else AsyncClient(stack.frontend)  # closed by the process's exit; one for all rounds
+
+    def maker(c: int) -> Measure:
+        async def measure() -> dict[str, Any]:
+            before = await stack.batches()
+            if client is None:
+                async with http_session(limit=c) as session:
+                    result = await closed_loop(http_call(session, stack.url, shuffled()), c, s.warmup_s,
+                                               s.duration_s, watch=stack.procs.pids())
+            else:
+                result = await closed_loop(zmq_infer_call(client, MODEL, shuffled()), c, s.warmup_s,
+                                           s.duration_s, watch=stack.procs.pids())
+            return result | {"worker_batches": batches.difference(before, await stack.batches())}
+        return measure
+    return maker
 
 
 def _median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -156,23 +174,27 @@ def _median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def _pair(rows: list[dict[str, Any]]) -> None:
     """Ratios inside each round, then their median, for each served row (detail ``paired``).
 
-    ``vs_limit``: texts/s over the limit at batch 32, ungrouped (the offline rate);
-    ``vs_naive``, ``vs_batched``: over the HF guide's servers at the same concurrency;
+    ``vs_limit``: texts/s over the limit at batch 32, ungrouped (the offline rate), in the row's dtype;
+    ``vs_naive``, ``vs_batched``: over the HF guide's servers at the same concurrency (float32 rows);
+    ``vs_float32``: the bfloat16 row over float32 zbatch-http at the same concurrency;
     ``p50_over_limit_ms``: at concurrency 1, p50 minus the limit's batch-1 p50.
     """
     by_key = {(r["case"], r["system"], r["concurrency"]): r for r in rows if r["detail"].get("rounds")}
-    limit32 = by_key.get(("limit", limit_name(32, False), "-"))
-    limit1 = by_key.get(("limit", limit_name(1, False), "-"))
     for (case, _, c), r in by_key.items():
         if case not in SYSTEM_NAMES:
             continue
-        paired: dict[str, float] = {}
-        if limit32 is not None:
-            paired["vs_limit"] = _paired(r, limit32, lambda a, b: a["texts_s"] / b["texts_s"])
-        for mode in ("naive", "batched"):
-            baseline = by_key.get((f"baseline-{mode}", SYSTEM_NAMES[f"baseline-{mode}"], c))
-            if baseline is not None and baseline is not r:
-                paired[f"vs_{mode}"] = _paired(r, baseline, lambda a, b: a["texts_s"] / b["texts_s"])
+        bf16 = case == "zbatch-bf16"
+        limit_case = "limit-bf16" if bf16 else "limit"
+        limit32 = by_key.get((limit_case, limit_name(32, False), "-"))
+        limit1 = by_key.get((limit_case, limit_name(1, False), "-"))
+        refs = {"vs_limit": limit32}
+        if bf16:
+            refs["vs_float32"] = by_key.get(("zbatch-http", SYSTEM_NAMES["zbatch-http"], c))
+        else:
+            refs |= {f"vs_{mode}": by_key.get((f"baseline-{mode}", SYSTEM_NAMES[f"baseline-{mode}"], c))
+                     for mode in ("naive", "batched")}
+        paired = {key: _paired(r, ref, lambda a, b: a["texts_s"] / b["texts_s"])
+                  for key, ref in refs.items() if ref is not None and ref is not r}
         if c == 1 and limit1 is not None:
             paired["p50_over_limit_ms"] = _paired(r, limit1, lambda a, b: a["p50_ms"] - b["p50_ms"])
         r["detail"]["paired"] = {k: v for k, v in paired.items() if v is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")
+SYSTEMS = ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
 
 
 def _series(rows: list[dict[str, Any]], case: str, key: str) -> tuple[list[int], list[float]]:

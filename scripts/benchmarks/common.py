@@ -80,13 +80,18 @@ class Baseline:
     url: str  # POST one text here
 
 
+def system_key(kind: str, dtype: str) -> str:
+    """A long-lived system's name in ``Context.release``: "zbatch", "limit", or e.g. "zbatch-bfloat16"."""
+    return kind if dtype == "float32" else f"{kind}-{dtype}"
+
+
 @dataclass
 class Context:
     settings: Settings
     rows: list[dict[str, Any]] = field(default_factory=list)
     capacities: dict[str, float] = field(default_factory=dict)  # req/s at concurrency 32, by case
-    _stack: ZbatchStack | None = None
-    _limit: LimitProcess | None = None
+    _stacks: dict[str, ZbatchStack] = field(default_factory=dict)  # by system_key("zbatch", dtype)
+    _limits: dict[str, LimitProcess] = field(default_factory=dict)  # by system_key("limit", dtype)
     _baselines: dict[str, Baseline] = field(default_factory=dict)
 
     def find(self, case: str, system: str | None = None, concurrency: int | str | None = None) -> dict[str, Any] | None:
@@ -95,25 +100,27 @@ class Context:
                 return r
         return None
 
-    async def zbatch(self) -> ZbatchStack:
-        if self._stack is None:
+    async def zbatch(self, dtype: str = "float32") -> ZbatchStack:
+        key = system_key("zbatch", dtype)
+        if key not in self._stacks:
             p = Procs()
             try:
-                procs.log("starting the zbatch stack: broker, 1 worker (2 torch threads), gateway")
+                procs.log(f"starting the zbatch stack: broker, 1 worker (2 torch threads, {dtype}), gateway")
                 frontend, backend = await procs.start_broker(p)
-                metrics_url = await procs.start_model_worker(p, frontend, backend)
+                metrics_url = await procs.start_model_worker(p, frontend, backend, dtype=dtype)
                 url = await procs.start_gateway(p, frontend)
             except BaseException:
                 p.close()
                 raise
-            self._stack = ZbatchStack(p, frontend, f"{url}/models/{MODEL}", metrics_url)
-        return self._stack
+            self._stacks[key] = ZbatchStack(p, frontend, f"{url}/models/{MODEL}", metrics_url)
+        return self._stacks[key]
 
-    async def limit(self) -> LimitProcess:
-        if self._limit is None:
-            procs.log("starting the limit process (the model called directly)")
-            self._limit = await LimitProcess.start()
-        return self._limit
+    async def limit(self, dtype: str = "float32") -> LimitProcess:
+        key = system_key("limit", dtype)
+        if key not in self._limits:
+            procs.log(f"starting the limit process (the model called directly, {dtype})")
+            self._limits[key] = await LimitProcess.start(dtype=dtype)
+        return self._limits[key]
 
     async def baseline(self, mode: str) -> Baseline:
         """The Hugging Face guide's server, ``naive`` or ``batched`` (see baselines.py)."""
@@ -130,13 +137,11 @@ class Context:
         return self._baselines[mode]
 
     async def release(self, keep: set[str]) -> None:
-        """Stop the long-lived systems not named in ``keep`` ("zbatch", "limit", "naive", "batched")."""
-        if self._stack is not None and "zbatch" not in keep:
-            procs.log("stopping the zbatch stack")
-            self._stack.procs.close()
-            self._stack = None
-        if self._limit is not None and "limit" not in keep:
-            await self._limit.close()
-            self._limit = None
+        """Stop the long-lived systems not named in ``keep`` (system keys, or "naive" and "batched")."""
+        for key in [k for k in self._stacks if k not in keep]:
+            procs.log(f"stopping the {key} stack")
+            self._stacks.pop(key).procs.close()
+        for key in [k for k in self._limits if k not in keep]:
+            await self._limits.pop(key).close()
         for mode in [m for m in self._baselines if m not in keep]:
             self._baselines.pop(mode).procs.close()

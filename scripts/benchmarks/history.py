@@ -70,6 +70,8 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
         _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
         None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",
+        _ratio("HTTP c=32 bfloat16 vs limit b32 in bfloat16", _paired(rows, "zbatch-bf16", 32, "vs_limit")),
+        _ratio("HTTP c=32 bfloat16 vs float32", _paired(rows, "zbatch-bf16", 32, "vs_float32")),
         *(_ratio(f"{label} vs proxy (c=32)", times(_value(rows, "req_s", "routing", system, 32),
                                                    _value(rows, "req_s", "routing", "zmq.proxy", 32)))
           for label, system in (("broker", "zbatch broker"), ("compiled broker", COMPILED_BROKER))),

@@ -51,12 +51,13 @@ def measure(runner: Any, batch_size: int, warmup_s: float, duration_s: float) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the model's weights dtype, as the worker's --dtype")
     args = parser.parse_args()
     import torch
 
     from worker.grouping import NEVER_SPLIT
 
-    runner = load(args.threads, grouped=True)
+    runner = load(args.threads, grouped=True, dtype=args.dtype)
     calibrated = runner.cost_model
     print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -75,9 +76,9 @@ class LimitProcess:
         self.info = info
 
     @classmethod
-    async def start(cls, threads: int = 2) -> LimitProcess:
+    async def start(cls, threads: int = 2, dtype: str = "float32") -> LimitProcess:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scripts.benchmarks.limit", "--threads", str(threads), cwd=ROOT,
+            sys.executable, "-m", "scripts.benchmarks.limit", "--threads", str(threads), "--dtype", dtype, cwd=ROOT,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         return cls(process, await cls._read(process))
 

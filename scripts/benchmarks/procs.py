@@ -149,11 +149,12 @@ async def wait_workers(procs: Procs, frontend: str, count: int) -> None:
     await procs.wait(enough, f"{count} worker(s) to register")
 
 
-async def start_model_worker(procs: Procs, frontend: str, backend: str, name: str = "w0") -> str:
+async def start_model_worker(procs: Procs, frontend: str, backend: str, name: str = "w0",
+                             dtype: str = "float32") -> str:
     """One real worker with the whole machine's 2 torch threads, logging as deployed; returns its metrics URL."""
     port = free_port()
     procs.spawn("worker", name, "--backend", backend, "--name", name, "--workers", "1",
-                "--torch-threads", "2", "--device", "cpu", "--metrics-port", str(port))
+                "--torch-threads", "2", "--device", "cpu", "--dtype", dtype, "--metrics-port", str(port))
     await wait_workers(procs, frontend, 1)
     return f"http://127.0.0.1:{port}/metrics"
 

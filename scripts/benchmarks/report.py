@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched",
-              "routing", "gateway", "overload", "storm", "scale")
+CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
+              "zbatch-bf16", "routing", "gateway", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
@@ -50,18 +50,23 @@ def _added(r: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Fill each row's ``ratio`` against its reference in the same run (see RATIO_NOTE)."""
-    ceiling = find(rows, "limit", "direct, batch 32")
-    top = ceiling["texts_s"] if ceiling else None
+    ceilings = {case: find(rows, case, "direct, batch 32") for case in ("limit", "limit-bf16")}
     for r in rows:
         case, c = r["case"], r["concurrency"]
         paired = r["detail"].get("paired", {})
         parts: list[str | None] = []
-        if case == "limit" and r is not ceiling:
-            parts.append(_ratio_text(times(r["texts_s"], top), "batch 32"))
-        elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched"):
+        if case in ceilings:
+            ceiling = ceilings[case]
+            if r is not ceiling:
+                parts.append(_ratio_text(times(r["texts_s"], ceiling and ceiling["texts_s"]), "batch 32"))
+            if case == "limit-bf16":  # the same shape in float32, measured in the same rounds
+                float32 = find(rows, "limit", r["system"])
+                parts.append(_ratio_text(times(r["texts_s"], float32 and float32["texts_s"]), "float32"))
+        elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16"):
             parts.append(_ratio_text(paired.get("vs_limit"), "limit b32"))
             if case.startswith("zbatch"):
                 parts.append(_ratio_text(paired.get("vs_batched"), "batched"))
+                parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
             if "p50_over_limit_ms" in paired:
                 parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over limit b1")
         elif case in ("routing", "gateway"):
@@ -145,7 +150,10 @@ CASE_NOTES = """
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
   and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
-* These five are measured **in rounds**: every system stays loaded, each round measures each point once
+* **zbatch-bf16 / limit-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, and the limit
+  in bfloat16, over HTTP only; `float32` in their ratio is the same point in float32 (zbatch-http, limit).
+  bfloat16 is opt-in: faster on CPUs with AVX512-BF16 or AMX, and its vectors differ slightly.
+* These seven are measured **in rounds**: every system stays loaded, each round measures each point once
   (the limit right before the systems it is compared with), rows show the median over the rounds, and the
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
   within a minute).
@@ -166,9 +174,10 @@ CASE_NOTES = """
 """
 
 RATIO_NOTE = (
-    "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass), `batched` = over baseline-batched "
-    "at the same concurrency, `over limit b1` = p50 minus the limit's batch-1 p50 (these three paired within "
-    "rounds); `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, with the added p50 latency; `capacity` = "
+    "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass) in the row's dtype, `batched` = "
+    "over baseline-batched at the same concurrency, `float32` = a bfloat16 row over its float32 counterpart, "
+    "`over limit b1` = p50 minus the limit's batch-1 p50 (these paired within rounds, but for the limit's "
+    "`float32`); `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, with the added p50 latency; `capacity` = "
     "goodput over the capacity measured at concurrency 32; scale: over N times one worker of the same series, and "
     "over the simulated workers' ideal. other cpu: cores used by processes outside this benchmark during the "
     f"measurement (bold from {NOISY_CORES}: that row was disturbed)."

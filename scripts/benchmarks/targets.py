@@ -32,6 +32,12 @@ def _throughput(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, boo
         measured = f"{vs_limit:.2f}× limit b32" + (f", {vs_batched:.2f}× batched" if vs_batched else "")
         met = vs_limit >= 1.0 and (vs_batched is None or vs_batched > 1.0)
         yield "HTTP throughput at c=32", "≥ 1.0× limit b32 and > batched (aim ≥ 1.2×)", measured, met
+    bf16_limit = _paired(rows, "zbatch-bf16", 32, "vs_limit")
+    if bf16_limit is not None:
+        vs_float32 = _paired(rows, "zbatch-bf16", 32, "vs_float32")
+        measured = f"{bf16_limit:.2f}× limit b32 in bfloat16" + (
+            f", {vs_float32:.2f}× float32 zbatch" if vs_float32 else "")
+        yield "HTTP throughput at c=32, bfloat16", "≥ 1.0× limit b32 in the same dtype", measured, bf16_limit >= 1.0
     over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
     if over is not None:
         yield "idle overhead, HTTP c=1", "p50 ≤ limit b1 p50 + 1 ms", f"{over:+.2f} ms", over <= 1.0
