@@ -10,8 +10,9 @@ is reported (``paired``), so drift between rounds cancels out.
 
 ``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (2-3x
 faster on CPUs with AVX512-BF16 or AMX), measured against a limit process in
-bfloat16 too (case ``limit-bf16``), and against float32 zbatch in the same
-rounds.  The Hugging Face guide's servers stay float32, as the guide writes them.
+bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
+same rounds when that case runs as well.  The Hugging Face guide's servers
+stay float32, as the guide writes them.
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batch
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
-# (batch size, padding-aware grouping) of each limit case's points; the bfloat16 one runs with zbatch-bf16.
+# (batch size, padding-aware grouping) of each limit case's points.
 LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
                 "limit-bf16": ((1, False), (32, False), (32, True))}
 LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
+LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
+# Each limit's points are measured right before the systems compared with it, at the matching concurrency.
+GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")),
+          ("limit-bf16", ("zbatch-bf16",)))
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,8 @@ def needs(selected: list[str]) -> set[str]:
 
 
 def _limit_cases(selected: list[str]) -> list[str]:
-    return [case for case, wanted in (("limit", "limit"), ("limit-bf16", "zbatch-bf16")) if wanted in selected]
+    """The limit cases (rows of the model called directly) the selected cases measure."""
+    return [LIMIT_OF_CASE[case] for case in selected if case in LIMIT_OF_CASE]
 
 
 async def run(ctx: Context, selected: list[str]) -> None:
@@ -90,11 +96,12 @@ def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int]
     order: list[tuple[Point, Measure]] = []
     limits = [(case, *point) for case in _limit_cases(selected) for point in LIMIT_POINTS[case]]
     for c in ctx.settings.concurrency:
-        for case, batch_size, grouped in [p for p in limits if p[1] <= c]:
-            limits.remove((case, batch_size, grouped))
-            order.append(_limit_point(ctx, case, batch_size, grouped))
-        order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in CASES if case in measures]
-    order += [_limit_point(ctx, case, b, g) for case, b, g in limits]
+        for limit_case, served in GROUPS:
+            for point in [p for p in limits if p[0] == limit_case and p[1] <= c]:
+                limits.remove(point)
+                order.append(_limit_point(ctx, *point))
+            order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in served if case in measures]
+    order += [_limit_point(ctx, *point) for point in limits]
     return order
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 SYSTEMS = ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
+LIMIT_LABELS = {"limit": "limit float32", "limit-bf16": "limit bfloat16"}
 
 
 def _series(rows: list[dict[str, Any]], case: str, key: str) -> tuple[list[int], list[float]]:
@@ -51,10 +52,11 @@ def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for case in present:
             ax.plot(*_series(rows, case, "texts_s"), marker="o", label=case)
-        limits = [r for r in rows if r["case"] == "limit" and r["system"] != "direct, batch 8"]
-        for r, style in zip(limits, (":", "--", "-.")):  # in the legend: close values would hide labels
-            ax.axhline(r["texts_s"], linestyle=style, color="grey", linewidth=1,
-                       label=f"limit, {r['system'].removeprefix('direct, ')}")
+        for case, color in (("limit", "grey"), ("limit-bf16", "tab:brown")):
+            limits = [r for r in rows if r["case"] == case and r["system"] != "direct, batch 8"]
+            for r, style in zip(limits, (":", "--", "-.")):  # in the legend: close values would hide labels
+                ax.axhline(r["texts_s"], linestyle=style, color=color, linewidth=1,
+                           label=f"{LIMIT_LABELS[case]}, {r['system'].removeprefix('direct, ')}")
         ax.set(xlabel="concurrent clients (closed loop)", ylabel="texts/s",
                title="Throughput vs concurrency (all-MiniLM-L6-v2, CPU)")
         _log2_axis(ax, concurrencies)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker.models import NATIVE_BFLOAT16_FLAGS, cpu_flags
+
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
               "zbatch-bf16", "routing", "gateway", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
@@ -58,17 +60,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if case in ceilings:
             ceiling = ceilings[case]
             if r is not ceiling:
-                parts.append(_ratio_text(times(r["texts_s"], ceiling and ceiling["texts_s"]), "batch 32"))
-            if case == "limit-bf16":  # the same shape in float32, measured in the same rounds
-                float32 = find(rows, "limit", r["system"])
-                parts.append(_ratio_text(times(r["texts_s"], float32 and float32["texts_s"]), "float32"))
+                parts.append(_ratio_text(times(r["texts_s"], ceiling["texts_s"] if ceiling else None), "batch 32"))
+            if case == "limit-bf16":  # the same shape in float32: a ratio of the two rows' medians
+                float32_row = find(rows, "limit", r["system"])
+                parts.append(_ratio_text(times(r["texts_s"], float32_row["texts_s"] if float32_row else None),
+                                         "float32"))
         elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16"):
-            parts.append(_ratio_text(paired.get("vs_limit"), "limit b32"))
-            if case.startswith("zbatch"):
-                parts.append(_ratio_text(paired.get("vs_batched"), "batched"))
-                parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
+            limit = "limit-bf16" if case == "zbatch-bf16" else "limit"
+            parts.append(_ratio_text(paired.get("vs_limit"), f"{limit} b32"))
+            parts.append(_ratio_text(paired.get("vs_batched"), "batched") if case.startswith("zbatch") else None)
+            parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
             if "p50_over_limit_ms" in paired:
-                parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over limit b1")
+                parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over {limit} b1")
         elif case in ("routing", "gateway"):
             ref = find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
             if ref is not None and ref is not r:
@@ -134,7 +137,9 @@ def machine() -> dict[str, Any]:
 
     import zmq
 
+    bf16 = sorted(cpu_flags(cpuinfo) & NATIVE_BFLOAT16_FLAGS)
     return {"cpu": models[0] if models else platform.processor() or "unknown", "cpus_listed": len(models),
+            "bfloat16": ", ".join(bf16) if bf16 else "emulated (no avx512_bf16 or amx_bf16)",
             "nproc": len(os.sched_getaffinity(0)), "memory_gib": round(mem_kb / 2**20, 1),
             "kernel": platform.release(), "python": platform.python_version(), "torch": version("torch"),
             "transformers": version("transformers"), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
@@ -150,9 +155,10 @@ CASE_NOTES = """
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
   and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
-* **zbatch-bf16 / limit-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, and the limit
-  in bfloat16, over HTTP only; `float32` in their ratio is the same point in float32 (zbatch-http, limit).
-  bfloat16 is opt-in: faster on CPUs with AVX512-BF16 or AMX, and its vectors differ slightly.
+* **zbatch-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, over HTTP, and its own limit
+  in bfloat16 (the limit-bf16 rows); `float32` in their ratio is the same point in float32 (zbatch-http,
+  limit: select those cases too). bfloat16 is opt-in: faster on CPUs with AVX512-BF16 or AMX (see the
+  machine line), and its vectors differ slightly from float32's.
 * These seven are measured **in rounds**: every system stays loaded, each round measures each point once
   (the limit right before the systems it is compared with), rows show the median over the rounds, and the
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
@@ -174,12 +180,13 @@ CASE_NOTES = """
 """
 
 RATIO_NOTE = (
-    "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass) in the row's dtype, `batched` = "
-    "over baseline-batched at the same concurrency, `float32` = a bfloat16 row over its float32 counterpart, "
-    "`over limit b1` = p50 minus the limit's batch-1 p50 (these paired within rounds, but for the limit's "
-    "`float32`); `proxy` / `bare` = req/s over zmq.proxy / bare aiohttp, with the added p50 latency; `capacity` = "
-    "goodput over the capacity measured at concurrency 32; scale: over N times one worker of the same series, and "
-    "over the simulated workers' ideal. other cpu: cores used by processes outside this benchmark during the "
+    "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass), `limit-bf16 b32` the same in "
+    "bfloat16, `batched` = over baseline-batched at the same concurrency, `float32` = a bfloat16 row over "
+    "the same point in float32, `over limit b1` = p50 minus the limit's batch-1 p50 (all paired within rounds, "
+    "except the limit-bf16 rows' `float32`: a ratio of medians); `proxy` / `bare` = req/s over zmq.proxy / "
+    "bare aiohttp, with the added p50 latency; `capacity` = goodput over the capacity measured at concurrency "
+    "32; scale: over N times one worker of the same series, and over the simulated workers' ideal. other cpu: "
+    "cores used by processes outside this benchmark during the "
     f"measurement (bold from {NOISY_CORES}: that row was disturbed)."
 )
 
@@ -200,7 +207,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     header = f"Command: `{command}` ({when})." + (" **Quick run: a smoke test, the numbers are rough.**"
                                                   if quick else "")
     machine_line = (
-        f"Machine: {m['cpu']}, {m['nproc']} CPU(s) available (nproc), {m['memory_gib']} GiB, "
+        f"Machine: {m['cpu']}, {m['nproc']} CPU(s) available (nproc), bfloat16: {m.get('bfloat16', '?')}, "
+        f"{m['memory_gib']} GiB, "
         f"Linux {m['kernel']}, Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), aiohttp {m['aiohttp']}. Everything, load generator "
         "included, shares these cores over loopback: read the ratios, which compare rows of this same run."

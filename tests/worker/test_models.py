@@ -20,6 +20,7 @@ from worker.models import (
     InputError,
     ModelSpec,
     Runner,
+    cpu_lacks_native_bfloat16,
     default_model_path,
     load_runner,
     resolve_device,
@@ -264,34 +265,53 @@ def test_bad_dtype_on_cpu_is_rejected(dtype: str, match: str) -> None:
 
 
 def test_bfloat16_on_cpu_embeds_close_to_float32(embedder: Runner) -> None:
-    """bfloat16 is 2-3x faster on CPUs with AVX512-BF16 or AMX; its vectors stay float32 and near the reference."""
-    half = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype="bfloat16"))
-    texts = TEXTS * 3  # a batch long enough to be split into length groups
-    for want, got in zip(embedder.run(texts, {}), half.run(texts, {}), strict=True):
+    """Vectors from bfloat16 weights are still float32, and near float32's (cosine 0.9999 here; 0.999 allowed)."""
+    bf16 = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype="bfloat16"))
+    texts = TEXTS * 3  # mixed lengths: likely split into length groups, as served batches are
+    for want, got in zip(embedder.run(texts, {}), bf16.run(texts, {}), strict=True):
         assert got.dtype == np.float32 and got.shape == (384,)
         assert float(want @ got) > 0.999  # both unit vectors: this is their cosine
 
 
-def test_bfloat16_pipelines_on_cpu_return_float32(tiny_dir: Path) -> None:
+def test_bfloat16_feature_extraction_on_cpu_returns_float32(tiny_dir: Path) -> None:
     path = make_tiny_bert(tiny_dir, "feature-extraction")
     runner = load_runner(ModelSpec("tiny-bf16", path, task="feature-extraction", device="cpu", dtype="bfloat16"))
     rows = runner.run(["test", "hello big world"], {})
     assert [(row.shape, row.dtype) for row in rows] == [((3, 32), np.float32), ((5, 32), np.float32)]
+
+
+def test_bfloat16_fill_mask_on_cpu_returns_python_floats(tiny_dir: Path) -> None:
     fill = load_runner(ModelSpec("tiny-fill-bf16", make_tiny_bert(tiny_dir, "fill-mask"), task="fill-mask",
                                  device="cpu", dtype="bfloat16"))
     (candidates,) = fill.run(["test [MASK]"], {})
     assert candidates and all(type(candidate["score"]) is float for candidate in candidates)
 
 
-def test_bfloat16_warns_on_a_cpu_without_native_support(monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
-    """Fake: this host has AVX512-BF16, so the CPU check is replaced to see the warning of one without it."""
+@pytest.mark.parametrize(
+    ("machine", "flags", "lacks"),
+    [("x86_64", "fpu avx2 avx512f", True), ("x86_64", "fpu avx2 avx512_bf16", False),
+     ("x86_64", "fpu amx_bf16 amx_tile", False), ("x86_64", "", False), ("aarch64", "fp asimd", False)],
+)
+def test_cpu_bfloat16_check_reads_the_cpu_flags(machine: str, flags: str, lacks: bool) -> None:
+    cpuinfo = f"processor\t: 0\nflags\t\t: {flags}\n" if flags else "processor\t: 0\n"
+    assert cpu_lacks_native_bfloat16(cpuinfo, machine) is lacks
+
+
+@pytest.mark.parametrize("lacks", [True, False])
+def test_bfloat16_warns_only_on_a_cpu_without_native_support(
+        tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lacks: bool) -> None:
+    """The CPU check is replaced by a fake, so the test does not depend on this host's CPU."""
     import worker.models
 
-    monkeypatch.setattr(worker.models, "_cpu_lacks_native_bfloat16", lambda: True)
+    def fake_cpu_check() -> bool:
+        return lacks
+
+    monkeypatch.setattr(worker.models, "cpu_lacks_native_bfloat16", fake_cpu_check)
+    path = make_tiny_bert(tiny_dir, "feature-extraction")
     with caplog.at_level("WARNING", logger="zbatch.worker"):
-        load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype="bfloat16"))
-    assert "emulated and may run slower than float32" in caplog.text and "--dtype float32" in caplog.text
+        load_runner(ModelSpec("tiny-warn", path, task="feature-extraction", device="cpu", dtype="bfloat16"))
+    warned = "torch emulates bfloat16" in caplog.text and "dtype float32" in caplog.text
+    assert warned is lacks
 
 
 def test_default_model_path_points_at_the_bundled_model() -> None:
