@@ -42,6 +42,7 @@ LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
 GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")),
           ("limit-bf16", ("zbatch-bf16",)))
+LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases}  # the limit each system is held to
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def _pair(rows: list[dict[str, Any]]) -> None:
         if case not in SYSTEM_NAMES:
             continue
         bf16 = case == "zbatch-bf16"
-        limit_case = "limit-bf16" if bf16 else "limit"
+        limit_case = LIMIT_OF_SERVED[case]
         limit32 = by_key.get((limit_case, limit_name(32, False), "-"))
         limit1 = by_key.get((limit_case, limit_name(1, False), "-"))
         refs = {"vs_limit": limit32}

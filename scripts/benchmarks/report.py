@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.models import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
@@ -52,7 +53,7 @@ def _added(r: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Fill each row's ``ratio`` against its reference in the same run (see RATIO_NOTE)."""
-    ceilings = {case: find(rows, case, "direct, batch 32") for case in ("limit", "limit-bf16")}
+    ceilings = {case: find(rows, case, "direct, batch 32") for case in LIMIT_POINTS}
     for r in rows:
         case, c = r["case"], r["concurrency"]
         paired = r["detail"].get("paired", {})
@@ -65,8 +66,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 float32_row = find(rows, "limit", r["system"])
                 parts.append(_ratio_text(times(r["texts_s"], float32_row["texts_s"] if float32_row else None),
                                          "float32"))
-        elif case in ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16"):
-            limit = "limit-bf16" if case == "zbatch-bf16" else "limit"
+        elif case in LIMIT_OF_SERVED:
+            limit = LIMIT_OF_SERVED[case]
             parts.append(_ratio_text(paired.get("vs_limit"), f"{limit} b32"))
             parts.append(_ratio_text(paired.get("vs_batched"), "batched") if case.startswith("zbatch") else None)
             parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
