@@ -6,6 +6,9 @@
   by the first item's arrival (never restarted), at most 32 items, the model in
   its own thread, and 503 once 256 requests are queued.
 * ``bare``: no model at all; returns fixed bytes, to price the HTTP layer alone.
+  With ``--sleep-ms`` its handler first sleeps that long, as the naive server
+  calls its model: the least any HTTP server can add to a model's time
+  (``python -m scripts.benchmarks.idle``).
 
 All speak the gateway's ``POST /models/{model}`` ``{"inputs": "text"}`` shape.
 """
@@ -92,13 +95,24 @@ def model_app(batched: bool, threads: int) -> web.Application:
     return app
 
 
-def bare_app(body: bytes) -> web.Application:
+def bare_app(body: bytes, sleep_s: float = 0.0) -> web.Application:
+    """Answers ``body``; with ``sleep_s``, after sleeping in the handler (its /healthz sums the sleeps)."""
+    slept = {"calls": 0, "model_seconds": 0.0}
+
     async def answer(request: web.Request) -> web.Response:
         await request.read()
+        if sleep_s:
+            started = time.perf_counter()
+            time.sleep(sleep_s)  # noqa: ASYNC251 - blocks the event loop, as the naive server's model call does
+            slept["calls"] += 1
+            slept["model_seconds"] += time.perf_counter() - started
         return web.Response(body=body, content_type="application/json")
 
+    async def bare_health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"} | slept)
+
     app = web.Application()
-    app.add_routes([web.post("/models/{model}", answer), web.get("/healthz", health)])
+    app.add_routes([web.post("/models/{model}", answer), web.get("/healthz", bare_health)])
     return app
 
 
@@ -108,10 +122,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--body-file", default="", help="bare: the bytes to answer with")
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="bare: sleep this long in the handler first")
     args = parser.parse_args()
     if args.mode == "bare":
         with open(args.body_file, "rb") as f:
-            app = bare_app(f.read())
+            app = bare_app(f.read(), args.sleep_ms / 1000)
     else:
         app = model_app(args.mode == "batched", args.threads)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)

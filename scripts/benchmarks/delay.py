@@ -52,20 +52,26 @@ class SleepRunner:
         return [len(text) for text in inputs]
 
 
+async def start_simulated_worker(procs: Procs, frontend: str, backend: str, batch_ms: float, item_ms: float,
+                                 *flags: str) -> str:
+    """The real worker serving model ``simulated`` with a :class:`SleepRunner`; returns its metrics URL."""
+    metrics_port = free_port()
+    procs.spawn("worker", "w0", "--backend", backend, "--name", "w0", "--workers", "1", "--torch-threads", "1",
+                "--task", "python:scripts.benchmarks.delay:SleepRunner", "--model-path", tempfile.mkdtemp(),
+                "--model-name", MODEL, "--metrics-port", str(metrics_port), *flags,
+                env={COST_ENV: f"{batch_ms},{item_ms}"})
+    await wait_workers(procs, frontend, 1)
+    return f"http://127.0.0.1:{metrics_port}/metrics"
+
+
 async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: float, item_ms: float
                   ) -> dict[str, Any]:
     """Throughput and batch sizes of ``concurrency`` closed-loop clients with this batch delay."""
     procs = Procs()
     try:
         frontend, backend = await start_broker(procs)
-        metrics_port = free_port()
-        procs.spawn("worker", "w0", "--backend", backend, "--name", "w0", "--workers", "1", "--torch-threads", "1",
-                    "--task", "python:scripts.benchmarks.delay:SleepRunner", "--model-path", tempfile.mkdtemp(),
-                    "--model-name", MODEL, "--max-batch-size", str(MAX_BATCH),
-                    "--max-batch-delay-ms", str(delay_ms), "--metrics-port", str(metrics_port),
-                    env={COST_ENV: f"{batch_ms},{item_ms}"})
-        await wait_workers(procs, frontend, 1)
-        metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        metrics = await start_simulated_worker(procs, frontend, backend, batch_ms, item_ms, "--max-batch-size",
+                                               str(MAX_BATCH), "--max-batch-delay-ms", str(delay_ms))
         async with AsyncClient(frontend) as client:
             call = calls.zmq_infer_call(client, MODEL, ["a short text"])
             before = await batches.snapshot(metrics)

@@ -166,9 +166,9 @@ async def start_echo_workers(procs: Procs, frontend: str, backend: str, count: i
     await wait_workers(procs, frontend, count)
 
 
-async def start_gateway(procs: Procs, frontend: str) -> str:
+async def start_gateway(procs: Procs, frontend: str, *flags: str) -> str:
     port = free_port()
-    procs.spawn("gateway", "gateway", "--frontend", frontend, "--port", str(port))  # default log level, as deployed
+    procs.spawn("gateway", "gateway", "--frontend", frontend, "--port", str(port), *flags)  # default log level
     url = f"http://127.0.0.1:{port}"
     await procs.wait(lambda: http_ok(url + "/readyz"), "the gateway to be ready")
     return url

@@ -1,0 +1,167 @@
+"""Idle overhead at concurrency 1 against how long the model leaves the CPUs idle, on a simulated accelerator.
+
+``python -m scripts.benchmarks.idle [--model-ms 0.01,2,10,20] [--seconds 8] [--rounds 2] [--poll-idle]``
+prints a Markdown table: for each model time, the p50 latency of one
+closed-loop client over the project's AsyncClient, over HTTP through the
+gateway, and against a bare aiohttp handler that calls the same model (the
+least any HTTP server can add), each with what it adds to the model's own
+mean time per call.  Broker, worker and gateway are the real ones; only the
+model is :class:`scripts.benchmarks.delay.SleepRunner`, which sleeps instead
+of computing, as a GPU would leave the CPU.  So nothing competes with the
+path for a core, and what changes with the model time is only how long the
+CPUs sit idle between the hops.
+
+``--poll-idle`` measures each point a second time while holding
+``/dev/cpu_dma_latency`` at 0 (root only), which keeps idle CPUs in their
+polling state instead of halting them.  In a virtual machine a halted vCPU
+exits to the host, and waking it again is slow; the difference between the
+two rows is that cost.  Not a case of ``scripts/bench``: it answers why the
+idle-overhead target is missed here (see BENCHMARKS.md, Analysis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from broker import eventloop
+from broker.client import AsyncClient
+from scripts.benchmarks import batches, calls, load
+from scripts.benchmarks.delay import MODEL, start_simulated_worker
+from scripts.benchmarks.procs import Procs, start_broker, start_gateway, start_http_server
+
+CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
+CPUIDLE = Path("/sys/devices/system/cpu")
+TEXTS = ["a short text"]
+
+
+@contextmanager
+def poll_idle() -> Iterator[None]:
+    """Hold every CPU in its polling idle state (a PM QoS latency request of 0 µs) until the block ends."""
+    try:
+        fd = os.open(CPU_DMA_LATENCY, os.O_WRONLY)
+    except OSError as exc:
+        raise SystemExit(f"--poll-idle needs write access to {CPU_DMA_LATENCY} ({exc.strerror}): run as root, "
+                         "or leave --poll-idle out") from None
+    try:
+        os.write(fd, struct.pack("i", 0))
+        yield
+    finally:
+        os.close(fd)  # the kernel drops the request when its file closes
+
+
+def idle_states() -> str:
+    """The kernel's cpuidle driver, governor and idle states, and the guest halt-polling window if any."""
+    def read(path: Path) -> str:
+        return path.read_text().strip() if path.exists() else "?"
+
+    states = ", ".join(read(d / "name") for d in sorted((CPUIDLE / "cpu0" / "cpuidle").glob("state*")))
+    line = (f"cpuidle driver {read(CPUIDLE / 'cpuidle' / 'current_driver')}, governor "
+            f"{read(CPUIDLE / 'cpuidle' / 'current_governor_ro')}, states: {states or 'none'}")
+    halt_poll = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    return line + (f"; guest halt polling {read(halt_poll)} ns" if halt_poll.exists() else "")
+
+
+ModelTime = Callable[[], Awaitable[tuple[float, float]]]  # (model seconds so far, model calls so far)
+
+
+def worker_model_time(metrics: str) -> ModelTime:
+    """The worker's time in the model so far, from its Prometheus histogram of batch times."""
+    async def read() -> tuple[float, float]:
+        taken = await batches.snapshot(metrics)
+        return taken.sums.get(f"{batches.TIMES}_sum", 0.0), taken.sums.get(f"{batches.TIMES}_count", 0.0)
+    return read
+
+
+def bare_model_time(url: str) -> ModelTime:
+    """The bare server's time asleep in its handler so far, from its /healthz."""
+    async def read() -> tuple[float, float]:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/healthz") as response:
+            body = await response.json()
+        return float(body["model_seconds"]), float(body["calls"])
+    return read
+
+
+async def measure(call: load.Call, model_time: ModelTime, seconds: float) -> dict[str, float]:
+    """p50 of one closed-loop client, and how much of it the model's own time per call does not explain."""
+    seconds_before, calls_before = await model_time()
+    result = await load.closed_loop(call, 1, warmup_s=1.0, duration_s=seconds)
+    seconds_after, calls_after = await model_time()
+    model_ms = (seconds_after - seconds_before) / (calls_after - calls_before) * 1000
+    return {"p50_ms": result["p50_ms"], "added_ms": result["p50_ms"] - model_ms}
+
+
+async def answer_file(url: str) -> Path:
+    """What the gateway answers for one text, saved for the bare server to answer with."""
+    body_file = Path(tempfile.mkdtemp(prefix="zbatch-bench-")) / "body.json"
+    async with aiohttp.ClientSession() as session, session.post(url, json={"inputs": TEXTS[0]}) as response:
+        body_file.write_bytes(await response.read())
+        if response.status != 200:
+            raise RuntimeError(f"the gateway answered {response.status}: {body_file.read_text()[:200]}")
+    return body_file
+
+
+async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
+    """Median p50 and added ms by "mode path" (e.g. "default zmq"), the idle modes alternating within each round."""
+    procs = Procs()
+    try:
+        frontend, backend = await start_broker(procs)
+        metrics = await start_simulated_worker(procs, frontend, backend, model_ms, 0.0)
+        gateway = await start_gateway(procs, frontend, "--models", MODEL)
+        url = f"{gateway}/models/{MODEL}"
+        bare = await start_http_server(procs, "scripts.benchmarks.baselines", "bare", "bare", "--body-file",
+                                       str(await answer_file(url)), "--sleep-ms", str(model_ms))
+        samples: dict[str, list[dict[str, float]]] = {}
+        async with (AsyncClient(frontend) as client, calls.http_session(limit=1) as session,
+                    calls.http_session(limit=1) as bare_session):
+            paths = {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
+                     "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
+                     "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
+            for _ in range(rounds):
+                for mode in modes:
+                    holding: AbstractContextManager[None] = poll_idle() if mode == "poll" else nullcontext()
+                    with holding:
+                        for path, (call, model_time) in paths.items():
+                            samples.setdefault(f"{mode} {path}", []).append(await measure(call, model_time, seconds))
+        return {key: {name: statistics.median(s[name] for s in runs) for name in ("p50_ms", "added_ms")}
+                for key, runs in samples.items()}
+    finally:
+        procs.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-ms", default="0.01,2,10,20", help="comma-separated simulated model times per batch")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per point")
+    parser.add_argument("--rounds", type=int, default=2, help="measurements per point (the table shows the median)")
+    parser.add_argument("--poll-idle", action="store_true",
+                        help="measure each point again with idle CPUs held in their polling state (root only)")
+    args = parser.parse_args()
+    modes = ["default", "poll"] if args.poll_idle else ["default"]
+    if args.poll_idle:
+        with poll_idle():  # fail before starting anything if the hold is not allowed
+            pass
+    print(f"The model sleeps instead of computing. Idle CPUs: {idle_states()}.")
+    print("p50 ms of one closed-loop client (in brackets: minus the model's own mean time per call).")
+    print("\n| model ms | idle CPUs | zbatch, ZMQ client | zbatch, HTTP | bare aiohttp, model in the handler |\n"
+          "|---|---|---|---|---|")
+    for model_ms in (float(m) for m in args.model_ms.split(",")):
+        point: dict[str, Any] = eventloop.run(model_point(model_ms, modes, args.seconds, args.rounds))
+        for mode in modes:
+            state = "kernel's choice" if mode == "default" else "polling (cpu_dma_latency 0)"
+            cells = " | ".join(f"{point[f'{mode} {path}']['p50_ms']:.2f} (+{point[f'{mode} {path}']['added_ms']:.2f})"
+                               for path in ("zmq", "http", "bare"))
+            print(f"| {model_ms:g} | {state} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
