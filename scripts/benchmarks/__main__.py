@@ -37,6 +37,7 @@ OTHER_CASES: dict[str, Case] = {
     "storm": cases_overload.storm,
     "routing": cases_infra.routing,
     "gateway": cases_infra.gateway,
+    "idle": cases_infra.idle,
     "scale": cases_infra.scale,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)

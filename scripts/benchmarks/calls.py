@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 
@@ -27,6 +29,16 @@ async def http_session(limit: int) -> AsyncIterator[aiohttp.ClientSession]:
     connector = aiohttp.TCPConnector(limit=limit, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(HTTP_TIMEOUT_S)) as s:
         yield s
+
+
+async def saved_answer(url: str, text: str) -> Path:
+    """What ``url`` answers for one text, saved to a file (for a bare server to answer the same bytes)."""
+    body_file = Path(tempfile.mkdtemp(prefix="zbatch-bench-")) / "body.json"
+    async with aiohttp.ClientSession() as session, session.post(url, json={"inputs": text}) as response:
+        body_file.write_bytes(await response.read())
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}: {body_file.read_text()[:200]}")
+    return body_file
 
 
 def _bodies(texts: list[str]) -> Iterator[bytes]:

@@ -3,7 +3,9 @@
 Echo workers answer at once, so whatever latency and throughput remain
 belong to the client, the routing layer and (for ``gateway``) HTTP; each
 process's CPU per request is recorded too, the figure that does not depend on
-how the 2 cores happened to be shared.
+how the 2 cores happened to be shared.  ``idle`` puts a model that sleeps
+instead of computing behind zbatch and behind a bare aiohttp handler, so the
+idle-overhead target has its floor on this host in the same run.
 """
 
 from __future__ import annotations
@@ -14,20 +16,22 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-
-import aiohttp
+from typing import Any
 
 from broker import native
 from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import procs
-from scripts.benchmarks.calls import http_call, http_session, zmq_raw_call
+from scripts.benchmarks.calls import http_call, http_session, saved_answer, zmq_raw_call
 from scripts.benchmarks.common import Context, row
+from scripts.benchmarks.idle import measure as measure_idle
+from scripts.benchmarks.idle import sleeping_systems
 from scripts.benchmarks.load import closed_loop
 from scripts.benchmarks.procs import MODEL, ROOT, Procs
 from scripts.benchmarks.texts import shuffled
 
 ECHO_WORKERS = 2
+IDLE_MODEL_MS = 10.0  # the sleeping model of the idle case: about the real model's batch 1 here
+IDLE_SYSTEMS = {"http": "zbatch gateway", "bare": "bare aiohttp"}
 PYTHON_FLOOR = "Python forwarder, no logic"
 COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: broker/native.py
 MAX_BATCH = 32
@@ -126,16 +130,12 @@ async def gateway(ctx: Context) -> None:
     """The gateway in front of echo workers vs a bare aiohttp handler answering the same bytes."""
     s = ctx.settings
     p = Procs()
-    body_file = Path(tempfile.mkdtemp(prefix="zbatch-bench-")) / "body.json"
     try:
         procs.log(f"gateway: broker, {ECHO_WORKERS} echo workers (384-float outputs), gateway")
         frontend, backend = await procs.start_broker(p)
         await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS, "--outputs", "vector")
         url = f"{await procs.start_gateway(p, frontend)}/models/{MODEL}"
-        async with aiohttp.ClientSession() as session, session.post(url, json={"inputs": "hello"}) as response:
-            body_file.write_bytes(await response.read())
-            if response.status != 200:
-                raise RuntimeError(f"the gateway answered {response.status}: {body_file.read_text()[:200]}")
+        body_file = await saved_answer(url, "hello")
         for c in s.side_concurrency:
             procs.log(f"gateway: zbatch gateway at concurrency {c}")
             async with http_session(limit=c) as session:
@@ -181,3 +181,19 @@ async def scale(ctx: Context) -> None:
     for sim in SIMS:
         for workers in ctx.settings.scale_workers:
             await _scale_point(ctx, sim, workers)
+
+
+async def idle(ctx: Context) -> None:
+    """Concurrency 1 over HTTP around a model that sleeps (no CPU): zbatch against a bare aiohttp handler."""
+    s = ctx.settings
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in IDLE_SYSTEMS}
+    procs.log(f"idle: zbatch and a bare aiohttp handler around a model sleeping {IDLE_MODEL_MS:g} ms a call")
+    async with sleeping_systems(IDLE_MODEL_MS) as paths:
+        for _ in range(s.rounds):
+            for path, results in runs.items():
+                call, model_time = paths[path]
+                results.append(await measure_idle(call, model_time, s.warmup_s, s.duration_s))
+    for path, system in IDLE_SYSTEMS.items():
+        middle = sorted(runs[path], key=lambda result: result["added_ms"])[len(runs[path]) // 2]
+        ctx.rows.append(row("idle", f"{system}, model sleeping {IDLE_MODEL_MS:g} ms", 1, middle,
+                            server=system, sleeping_ms=IDLE_MODEL_MS, rounds=len(runs[path])))

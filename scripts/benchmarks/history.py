@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.benchmarks.cases_infra import COMPILED_BROKER
-from scripts.benchmarks.report import find, scale_one, sorted_rows, times
+from scripts.benchmarks.report import find, idle_added, scale_one, sorted_rows, times
 
 HEADING = "## History"
 PLACEHOLDER = ("_Nothing recorded yet. Add one dated line per optimisation with its effect, e.g. "
@@ -70,6 +70,7 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
         _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
         None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",
+        *(f"{system} c=1 p50 {added:+.1f} ms over a sleeping model" for system, added in idle_added(rows).items()),
         _ratio("HTTP c=32 bfloat16 vs limit b32 in bfloat16", _paired(rows, "zbatch-bf16", 32, "vs_limit")),
         _ratio("HTTP c=32 bfloat16 vs float32", _paired(rows, "zbatch-bf16", 32, "vs_float32")),
         *(_ratio(f"{label} vs proxy (c=32)", times(_value(rows, "req_s", "routing", system, 32),

@@ -15,8 +15,9 @@ CPUs sit idle between the hops.
 ``/dev/cpu_dma_latency`` at 0 (root only), which keeps idle CPUs in their
 polling state instead of halting them.  In a virtual machine a halted vCPU
 exits to the host, and waking it again is slow; the difference between the
-two rows is that cost.  Not a case of ``scripts/bench``: it answers why the
-idle-overhead target is missed here (see BENCHMARKS.md, Analysis).
+two rows is that cost.  It answers why the idle-overhead target is missed
+here (see BENCHMARKS.md, Analysis); the ``idle`` case of ``scripts/bench``
+repeats its 10 ms HTTP points in every run.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ import argparse
 import os
 import statistics
 import struct
-import tempfile
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -91,27 +91,24 @@ def bare_model_time(url: str) -> ModelTime:
     return read
 
 
-async def measure(call: load.Call, model_time: ModelTime, seconds: float) -> dict[str, float]:
-    """p50 of one closed-loop client, and how much of it the model's own time per call does not explain."""
+async def measure(call: load.Call, model_time: ModelTime, warmup_s: float, duration_s: float) -> dict[str, Any]:
+    """One closed-loop client's run, with ``added_ms``: its p50 minus the model's own mean time per call."""
     seconds_before, calls_before = await model_time()
-    result = await load.closed_loop(call, 1, warmup_s=1.0, duration_s=seconds)
+    result = await load.closed_loop(call, 1, warmup_s, duration_s)
     seconds_after, calls_after = await model_time()
+    if calls_after <= calls_before:
+        raise RuntimeError(f"the model ran no call while the client sent requests (statuses: "
+                           f"{result['all_statuses']}); see the worker and gateway logs")
     model_ms = (seconds_after - seconds_before) / (calls_after - calls_before) * 1000
-    return {"p50_ms": result["p50_ms"], "added_ms": result["p50_ms"] - model_ms}
+    return result | {"model_ms": model_ms, "added_ms": result["p50_ms"] - model_ms}
 
 
-async def answer_file(url: str) -> Path:
-    """What the gateway answers for one text, saved for the bare server to answer with."""
-    body_file = Path(tempfile.mkdtemp(prefix="zbatch-bench-")) / "body.json"
-    async with aiohttp.ClientSession() as session, session.post(url, json={"inputs": TEXTS[0]}) as response:
-        body_file.write_bytes(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"the gateway answered {response.status}: {body_file.read_text()[:200]}")
-    return body_file
+@asynccontextmanager
+async def sleeping_systems(model_ms: float) -> AsyncIterator[dict[str, tuple[load.Call, ModelTime]]]:
+    """zbatch (broker, worker, gateway) and a bare aiohttp handler around a model sleeping ``model_ms`` per call.
 
-
-async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
-    """Median p50 and added ms by "mode path" (e.g. "default zmq"), the idle modes alternating within each round."""
+    Yields the call and the model clock of each path: "zmq" (the AsyncClient), "http" (the gateway) and "bare".
+    """
     procs = Procs()
     try:
         frontend, backend = await start_broker(procs)
@@ -119,23 +116,29 @@ async def model_point(model_ms: float, modes: list[str], seconds: float, rounds:
         gateway = await start_gateway(procs, frontend, "--models", MODEL)
         url = f"{gateway}/models/{MODEL}"
         bare = await start_http_server(procs, "scripts.benchmarks.baselines", "bare", "bare", "--body-file",
-                                       str(await answer_file(url)), "--sleep-ms", str(model_ms))
-        samples: dict[str, list[dict[str, float]]] = {}
+                                       str(await calls.saved_answer(url, TEXTS[0])), "--sleep-ms", str(model_ms))
         async with (AsyncClient(frontend) as client, calls.http_session(limit=1) as session,
                     calls.http_session(limit=1) as bare_session):
-            paths = {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
-                     "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
-                     "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
-            for _ in range(rounds):
-                for mode in modes:
-                    holding: AbstractContextManager[None] = poll_idle() if mode == "poll" else nullcontext()
-                    with holding:
-                        for path, (call, model_time) in paths.items():
-                            samples.setdefault(f"{mode} {path}", []).append(await measure(call, model_time, seconds))
-        return {key: {name: statistics.median(s[name] for s in runs) for name in ("p50_ms", "added_ms")}
-                for key, runs in samples.items()}
+            yield {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
+                   "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
+                   "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
     finally:
         procs.close()
+
+
+async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
+    """Median p50 and added ms by "mode path" (e.g. "default zmq"), the idle modes alternating within each round."""
+    samples: dict[str, list[dict[str, Any]]] = {}
+    async with sleeping_systems(model_ms) as paths:
+        for _ in range(rounds):
+            for mode in modes:
+                holding: AbstractContextManager[None] = poll_idle() if mode == "poll" else nullcontext()
+                with holding:
+                    for path, (call, model_time) in paths.items():
+                        result = await measure(call, model_time, 1.0, seconds)
+                        samples.setdefault(f"{mode} {path}", []).append(result)
+    return {key: {name: statistics.median(s[name] for s in runs) for name in ("p50_ms", "added_ms")}
+            for key, runs in samples.items()}
 
 
 def main() -> None:

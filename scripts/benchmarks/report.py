@@ -18,7 +18,7 @@ from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.models import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
-              "zbatch-bf16", "routing", "gateway", "overload", "storm", "scale")
+              "zbatch-bf16", "routing", "gateway", "idle", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
@@ -35,6 +35,11 @@ def scale_one(rows: list[dict[str, Any]], series: str) -> dict[str, Any] | None:
     """The one-worker row of a scale series: the unit its other rows are compared with."""
     return next((r for r in rows if r["case"] == "scale" and r["detail"].get("series") == series
                  and r["detail"]["workers"] == 1), None)
+
+
+def idle_added(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The idle case's ms over its sleeping model, by server ("zbatch gateway", "bare aiohttp")."""
+    return {r["detail"]["server"]: r["detail"]["added_ms"] for r in rows if r["case"] == "idle"}
 
 
 def times(a: float | None, b: float | None) -> float | None:
@@ -78,6 +83,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             if ref is not None and ref is not r:
                 name = "proxy" if case == "routing" else "bare"
                 parts += [_ratio_text(times(r["req_s"], ref["req_s"]), name), _added(r, ref)]
+        elif case == "idle":
+            parts.append(f"{r['detail']['added_ms']:+.2f} ms p50 over its model")
         elif case in ("overload", "storm"):
             parts.append(_ratio_text(times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
         elif case == "scale":
@@ -170,6 +177,10 @@ CASE_NOTES = """
   broker written in Python.
 * **gateway**: gateway + broker + echo workers (384-float outputs) vs a bare aiohttp handler answering
   the same bytes.
+* **idle**: one closed-loop HTTP client around a model that sleeps 10 ms a call instead of computing (no
+  CPU, as on a GPU host): zbatch (gateway, broker, worker) against a bare aiohttp handler that sleeps in
+  the handler, the least an HTTP server can add; the middle of the rounds. `python -m scripts.benchmarks.idle`
+  goes further: other model times, the ZMQ client, and idle CPUs held polling.
 * **overload**: open loop at 4× the capacity measured at concurrency 32, Poisson arrivals.
 * **storm**: 512 closed-loop clients that send again at once on 503, against zbatch and against
   baseline-batched, each compared with its own capacity.
@@ -185,7 +196,8 @@ RATIO_NOTE = (
     "bfloat16, `batched` = over baseline-batched at the same concurrency, `float32` = a bfloat16 row over "
     "the same point in float32, `over limit b1` = p50 minus the limit's batch-1 p50 (all paired within rounds, "
     "except the limit-bf16 rows' `float32`: a ratio of medians); `proxy` / `bare` = req/s over zmq.proxy / "
-    "bare aiohttp, with the added p50 latency; `capacity` = goodput over the capacity measured at concurrency "
+    "bare aiohttp, with the added p50 latency; `over its model` = p50 minus the sleeping model's own mean "
+    "time per call; `capacity` = goodput over the capacity measured at concurrency "
     "32; scale: over N times one worker of the same series, and over the simulated workers' ideal. other cpu: "
     "cores used by processes outside this benchmark during the "
     f"measurement (bold from {NOISY_CORES}: that row was disturbed)."
