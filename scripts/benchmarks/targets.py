@@ -40,7 +40,22 @@ def _throughput(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, boo
         yield "HTTP throughput at c=32, bfloat16", "≥ 1.0× limit b32 in the same dtype", measured, bf16_limit >= 1.0
     over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
     if over is not None:
-        yield "idle overhead, HTTP c=1", "p50 ≤ limit b1 p50 + 1 ms", f"{over:+.2f} ms{_idle_floor(rows)}", over <= 1.0
+        own = _over_own_model(rows)
+        measured = f"{over:+.2f} ms over limit b1" + (f", {own:+.2f} ms over the worker's own" if own is not None else "")
+        met = max(over, own if own is not None else over) <= 1.0
+        yield ("idle overhead, HTTP c=1", "p50 ≤ the model's batch-1 time + 1 ms (limit b1 p50; the worker's own)",
+               measured + _idle_floor(rows), met)
+
+
+def _over_own_model(rows: list[dict[str, Any]]) -> float | None:
+    """HTTP c=1 p50 minus the worker's mean time per batch in the same measurements.
+
+    The limit process is measured apart and drifts like everything here; the worker's own batch-1
+    time was taken during the very requests whose p50 is judged, so a slow limit cannot pass the target.
+    """
+    r = find(rows, "zbatch-http", concurrency=1)
+    model_ms = (r["detail"].get("worker_batches") or {}).get("mean_batch_ms") if r else None
+    return None if r is None or model_ms is None or r["p50_ms"] is None else r["p50_ms"] - model_ms
 
 
 def _idle_floor(rows: list[dict[str, Any]]) -> str:
@@ -48,8 +63,8 @@ def _idle_floor(rows: list[dict[str, Any]]) -> str:
     added = idle_added(rows)
     if len(added) < 2:
         return ""
-    return (f" (around a sleeping model, no CPU: zbatch {added['zbatch gateway']:+.2f} ms, "
-            f"bare aiohttp {added['bare aiohttp']:+.2f} ms)")
+    return (f"; around a sleeping model (no CPU): zbatch {added['zbatch gateway']:+.2f} ms, "
+            f"bare aiohttp {added['bare aiohttp']:+.2f} ms")
 
 
 def _baselines(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
