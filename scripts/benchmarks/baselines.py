@@ -101,11 +101,11 @@ def bare_app(body: bytes, sleep_s: float = 0.0) -> web.Application:
 
     async def answer(request: web.Request) -> web.Response:
         await request.read()
+        started = time.perf_counter()
         if sleep_s:
-            started = time.perf_counter()
             time.sleep(sleep_s)  # noqa: ASYNC251 - blocks the event loop, as the naive server's model call does
-            slept["calls"] += 1
-            slept["model_seconds"] += time.perf_counter() - started
+        slept["calls"] += 1
+        slept["model_seconds"] += time.perf_counter() - started
         return web.Response(body=body, content_type="application/json")
 
     async def bare_health(request: web.Request) -> web.Response:

@@ -24,7 +24,7 @@ from scripts.benchmarks import procs
 from scripts.benchmarks.calls import http_call, http_session, saved_answer, zmq_raw_call
 from scripts.benchmarks.common import Context, row
 from scripts.benchmarks.idle import measure as measure_idle
-from scripts.benchmarks.idle import sleeping_systems
+from scripts.benchmarks.idle import middle, sleeping_systems
 from scripts.benchmarks.load import closed_loop
 from scripts.benchmarks.procs import MODEL, ROOT, Procs
 from scripts.benchmarks.texts import shuffled
@@ -188,12 +188,11 @@ async def idle(ctx: Context) -> None:
     s = ctx.settings
     runs: dict[str, list[dict[str, Any]]] = {path: [] for path in IDLE_SYSTEMS}
     procs.log(f"idle: zbatch and a bare aiohttp handler around a model sleeping {IDLE_MODEL_MS:g} ms a call")
-    async with sleeping_systems(IDLE_MODEL_MS) as paths:
+    async with sleeping_systems(IDLE_MODEL_MS, tuple(IDLE_SYSTEMS)) as paths:
         for _ in range(s.rounds):
             for path, results in runs.items():
                 call, model_time = paths[path]
                 results.append(await measure_idle(call, model_time, s.warmup_s, s.duration_s))
     for path, system in IDLE_SYSTEMS.items():
-        middle = sorted(runs[path], key=lambda result: result["added_ms"])[len(runs[path]) // 2]
-        ctx.rows.append(row("idle", f"{system}, model sleeping {IDLE_MODEL_MS:g} ms", 1, middle,
+        ctx.rows.append(row("idle", f"{system}, model sleeping {IDLE_MODEL_MS:g} ms", 1, middle(runs[path]),
                             server=system, sleeping_ms=IDLE_MODEL_MS, rounds=len(runs[path])))

@@ -1,11 +1,11 @@
 """Idle overhead at concurrency 1 against how long the model leaves the CPUs idle, on a simulated accelerator.
 
-``python -m scripts.benchmarks.idle [--model-ms 0.01,2,10,20] [--seconds 8] [--rounds 2] [--poll-idle]``
+``python -m scripts.benchmarks.idle [--model-ms 0.01,2,10,20] [--seconds 8] [--rounds 3] [--poll-idle]``
 prints a Markdown table: for each model time, the p50 latency of one
 closed-loop client over the project's AsyncClient, over HTTP through the
-gateway, and against a bare aiohttp handler that calls the same model (the
-least any HTTP server can add), each with what it adds to the model's own
-mean time per call.  Broker, worker and gateway are the real ones; only the
+gateway, and against a bare aiohttp handler that sleeps as long in its
+handler (the least any HTTP server can add), each with what it adds to the
+model's own mean time per call (the middle of the rounds).  Broker, worker and gateway are the real ones; only the
 model is :class:`scripts.benchmarks.delay.SleepRunner`, which sleeps instead
 of computing, as a GPU would leave the CPU.  So nothing competes with the
 path for a core, and what changes with the model time is only how long the
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
@@ -42,6 +41,7 @@ from scripts.benchmarks.procs import Procs, start_broker, start_gateway, start_h
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
 CPUIDLE = Path("/sys/devices/system/cpu")
 TEXTS = ["a short text"]
+PATHS = ("zmq", "http", "bare")
 
 
 @contextmanager
@@ -103,11 +103,18 @@ async def measure(call: load.Call, model_time: ModelTime, warmup_s: float, durat
     return result | {"model_ms": model_ms, "added_ms": result["p50_ms"] - model_ms}
 
 
+def middle(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose added time is the median (the upper middle of an even count): a real measurement."""
+    return sorted(results, key=lambda result: result["added_ms"])[len(results) // 2]
+
+
 @asynccontextmanager
-async def sleeping_systems(model_ms: float) -> AsyncIterator[dict[str, tuple[load.Call, ModelTime]]]:
+async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
+                           ) -> AsyncIterator[dict[str, tuple[load.Call, ModelTime]]]:
     """zbatch (broker, worker, gateway) and a bare aiohttp handler around a model sleeping ``model_ms`` per call.
 
-    Yields the call and the model clock of each path: "zmq" (the AsyncClient), "http" (the gateway) and "bare".
+    Yields the call and the model clock of each of ``paths``: "zmq" (the AsyncClient), "http" (the
+    gateway) and "bare".
     """
     procs = Procs()
     try:
@@ -119,15 +126,16 @@ async def sleeping_systems(model_ms: float) -> AsyncIterator[dict[str, tuple[loa
                                        str(await calls.saved_answer(url, TEXTS[0])), "--sleep-ms", str(model_ms))
         async with (AsyncClient(frontend) as client, calls.http_session(limit=1) as session,
                     calls.http_session(limit=1) as bare_session):
-            yield {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
-                   "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
-                   "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
+            every = {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
+                     "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
+                     "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
+            yield {path: every[path] for path in paths}
     finally:
         procs.close()
 
 
-async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
-    """Median p50 and added ms by "mode path" (e.g. "default zmq"), the idle modes alternating within each round."""
+async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, Any]]:
+    """The middle round by "mode path" (e.g. "default zmq"), the idle modes alternating within each round."""
     samples: dict[str, list[dict[str, Any]]] = {}
     async with sleeping_systems(model_ms) as paths:
         for _ in range(rounds):
@@ -137,15 +145,14 @@ async def model_point(model_ms: float, modes: list[str], seconds: float, rounds:
                     for path, (call, model_time) in paths.items():
                         result = await measure(call, model_time, 1.0, seconds)
                         samples.setdefault(f"{mode} {path}", []).append(result)
-    return {key: {name: statistics.median(s[name] for s in runs) for name in ("p50_ms", "added_ms")}
-            for key, runs in samples.items()}
+    return {key: middle(runs) for key, runs in samples.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-ms", default="0.01,2,10,20", help="comma-separated simulated model times per batch")
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per point")
-    parser.add_argument("--rounds", type=int, default=2, help="measurements per point (the table shows the median)")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per point (the table shows the middle one)")
     parser.add_argument("--poll-idle", action="store_true",
                         help="measure each point again with idle CPUs held in their polling state (root only)")
     args = parser.parse_args()
@@ -161,8 +168,8 @@ def main() -> None:
         point: dict[str, Any] = eventloop.run(model_point(model_ms, modes, args.seconds, args.rounds))
         for mode in modes:
             state = "kernel's choice" if mode == "default" else "polling (cpu_dma_latency 0)"
-            cells = " | ".join(f"{point[f'{mode} {path}']['p50_ms']:.2f} (+{point[f'{mode} {path}']['added_ms']:.2f})"
-                               for path in ("zmq", "http", "bare"))
+            cells = " | ".join(f"{point[f'{mode} {path}']['p50_ms']:.2f} ({point[f'{mode} {path}']['added_ms']:+.2f})"
+                               for path in PATHS)
             print(f"| {model_ms:g} | {state} | {cells} |", flush=True)
 
 

@@ -168,7 +168,8 @@ async def start_echo_workers(procs: Procs, frontend: str, backend: str, count: i
 
 async def start_gateway(procs: Procs, frontend: str, *flags: str) -> str:
     port = free_port()
-    procs.spawn("gateway", "gateway", "--frontend", frontend, "--port", str(port), *flags)  # default log level
+    # The default log level, as deployed.
+    procs.spawn("gateway", "gateway", "--frontend", frontend, "--port", str(port), *flags)
     url = f"http://127.0.0.1:{port}"
     await procs.wait(lambda: http_ok(url + "/readyz"), "the gateway to be ready")
     return url
