@@ -191,8 +191,7 @@ async def idle(ctx: Context) -> None:
     async with sleeping_systems(IDLE_MODEL_MS, tuple(IDLE_SYSTEMS)) as paths:
         for _ in range(s.rounds):
             for path, results in runs.items():
-                call, model_time = paths[path]
-                results.append(await measure_idle(call, model_time, s.warmup_s, s.duration_s))
+                results.append(await measure_idle(paths[path], s.warmup_s, s.duration_s))
     for path, system in IDLE_SYSTEMS.items():
         ctx.rows.append(row("idle", f"{system}, model sleeping {IDLE_MODEL_MS:g} ms", 1, middle(runs[path]),
                             server=system, sleeping_ms=IDLE_MODEL_MS, rounds=len(runs[path])))

@@ -170,12 +170,14 @@ def _median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in rounds if r.get(key) is not None]
         return statistics.median(values) if values else None
 
-    cpu = [r.get("cpu_us_per_req") or {} for r in rounds]
-    names = set().union(*cpu)
+    def by_process(key: str) -> dict[str, float]:
+        figures = [r.get(key) or {} for r in rounds]
+        return {n: statistics.median(f[n] for f in figures if n in f) for n in sorted(set().union(*figures))}
+
     return {"req_s": med("req_s"), "texts_s": med("texts_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
             "errors": sum(r.get("errors", 0) for r in rounds), "requests": sum(r.get("requests", 0) for r in rounds),
             "other_cores": max((r.get("other_cores") or 0.0 for r in rounds), default=None),
-            "cpu_us_per_req": {n: statistics.median(c[n] for c in cpu if n in c) for n in sorted(names)},
+            "cpu_us_per_req": by_process("cpu_us_per_req"), "sleeps_per_req": by_process("sleeps_per_req"),
             "late": sum(r.get("late", 0) for r in rounds)}
 
 

@@ -6,6 +6,8 @@ processes outside this benchmark's process tree, in cores), so a disturbed
 row can be spotted, and ``wait_quiet`` can hold a run until the box is idle.
 ``process_seconds`` prices each process under test in CPU per request: on 2
 shared cores, throughput ratios mix one process's cost with its neighbours'.
+``process_sleeps`` counts how often its threads blocked, each a wake-up later:
+where waking an idle CPU is slow (a VM), that count prices a path's hops.
 """
 
 from __future__ import annotations
@@ -51,14 +53,31 @@ def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
     return children, ticks
 
 
+def _tree(root: int, children: dict[int, list[int]]) -> list[int]:
+    """``root`` and all its descendants alive now."""
+    pids, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        pids.append(pid)
+        stack.extend(children.get(pid, []))
+    return pids
+
+
 def _tree_ticks(root: int, table: tuple[dict[int, list[int]], dict[int, int]] | None = None) -> int:
     """utime + stime of ``root`` and all its descendants alive now."""
     children, ticks = table or _process_table()
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += ticks.get(pid, 0)
-        stack.extend(children.get(pid, []))
+    return sum(ticks.get(pid, 0) for pid in _tree(root, children))
+
+
+def _voluntary_switches(pid: int | str) -> int:
+    """How often the threads of ``pid`` alive now have blocked (``voluntary_ctxt_switches``)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(text.split("\nvoluntary_ctxt_switches:", 1)[1].split(None, 1)[0])
     return total
 
 
@@ -75,11 +94,27 @@ def process_seconds(pids: dict[str, int]) -> dict[str, float]:
     return used | {"load generator": time.process_time()}
 
 
-def per_request_us(start: dict[str, float], end: dict[str, float], requests: int) -> dict[str, float]:
-    """Microseconds of CPU per request for each process seen at both ends of the window."""
+def process_sleeps(pids: dict[str, int]) -> dict[str, float]:
+    """How often each named process's threads (with its children's) have blocked so far; the caller's own too.
+
+    A voluntary context switch is a thread waiting (on epoll, a futex, a queue) and so one
+    wake-up later.  Threads that end in between take their counts with them.
+    """
+    try:
+        children = _process_table()[0] if pids else {}
+        blocked: dict[str, float] = {name: sum(_voluntary_switches(pid) for pid in _tree(root, children))
+                                     for name, root in pids.items()}
+        return blocked | {"load generator": _voluntary_switches("self")}
+    except (OSError, ValueError, IndexError):
+        return {}  # not Linux: no figures
+
+
+def per_request(start: dict[str, float], end: dict[str, float], requests: int, scale: float = 1.0
+                ) -> dict[str, float]:
+    """``scale`` × the growth per request of each figure seen at both ends of the window (1e6: seconds to µs)."""
     if not requests:
         return {}
-    return {name: round((end[name] - start[name]) * 1e6 / requests, 1) for name in start if name in end}
+    return {name: round((end[name] - start[name]) * scale / requests, 1) for name in start if name in end}
 
 
 def snapshot(root: int | None = None) -> Snapshot | None:

@@ -5,7 +5,9 @@ prints a Markdown table: for each model time, the p50 latency of one
 closed-loop client over the project's AsyncClient, over HTTP through the
 gateway, and against a bare aiohttp handler that sleeps as long in its
 handler (the least any HTTP server can add), each with what it adds to the
-model's own mean time per call (the middle of the rounds).  Broker, worker and gateway are the real ones; only the
+model's own mean time per call (the middle of the rounds) and how often the
+threads of the processes on the path slept per request (each sleep is a
+wake-up later).  Broker, worker and gateway are the real ones; only the
 model is :class:`scripts.benchmarks.delay.SleepRunner`, which sleeps instead
 of computing, as a GPU would leave the CPU.  So nothing competes with the
 path for a core, and what changes with the model time is only how long the
@@ -27,6 +29,7 @@ import os
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,15 @@ def idle_states() -> str:
 ModelTime = Callable[[], Awaitable[tuple[float, float]]]  # (model seconds so far, model calls so far)
 
 
+@dataclass(frozen=True)
+class SleepingPath:
+    """One way to the sleeping model: its call, the model's clock, and the processes it crosses."""
+
+    call: load.Call
+    model_time: ModelTime
+    pids: dict[str, int]
+
+
 def worker_model_time(metrics: str) -> ModelTime:
     """The worker's time in the model so far, from its Prometheus histogram of batch times."""
     async def read() -> tuple[float, float]:
@@ -91,11 +103,11 @@ def bare_model_time(url: str) -> ModelTime:
     return read
 
 
-async def measure(call: load.Call, model_time: ModelTime, warmup_s: float, duration_s: float) -> dict[str, Any]:
+async def measure(path: SleepingPath, warmup_s: float, duration_s: float) -> dict[str, Any]:
     """One closed-loop client's run, with ``added_ms``: its p50 minus the model's own mean time per call."""
-    seconds_before, calls_before = await model_time()
-    result = await load.closed_loop(call, 1, warmup_s, duration_s)
-    seconds_after, calls_after = await model_time()
+    seconds_before, calls_before = await path.model_time()
+    result = await load.closed_loop(path.call, 1, warmup_s, duration_s, watch=path.pids)
+    seconds_after, calls_after = await path.model_time()
     if calls_after <= calls_before:
         raise RuntimeError(f"the model ran no call while the client sent requests (statuses: "
                            f"{result['all_statuses']}); see the worker and gateway logs")
@@ -110,11 +122,10 @@ def middle(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 @asynccontextmanager
 async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
-                           ) -> AsyncIterator[dict[str, tuple[load.Call, ModelTime]]]:
+                           ) -> AsyncIterator[dict[str, SleepingPath]]:
     """zbatch (broker, worker, gateway) and a bare aiohttp handler around a model sleeping ``model_ms`` per call.
 
-    Yields the call and the model clock of each of ``paths``: "zmq" (the AsyncClient), "http" (the
-    gateway) and "bare".
+    Yields each of ``paths``: "zmq" (the AsyncClient), "http" (the gateway) and "bare".
     """
     procs = Procs()
     try:
@@ -124,11 +135,17 @@ async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
         url = f"{gateway}/models/{MODEL}"
         bare = await start_http_server(procs, "scripts.benchmarks.baselines", "bare", "bare", "--body-file",
                                        str(await calls.saved_answer(url, TEXTS[0])), "--sleep-ms", str(model_ms))
+        pids = procs.pids()
+        zbatch = {name: pids[name] for name in ("broker", "w0")}
         async with (AsyncClient(frontend) as client, calls.http_session(limit=1) as session,
                     calls.http_session(limit=1) as bare_session):
-            every = {"zmq": (calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics)),
-                     "http": (calls.http_call(session, url, TEXTS), worker_model_time(metrics)),
-                     "bare": (calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS), bare_model_time(bare))}
+            every = {
+                "zmq": SleepingPath(calls.zmq_infer_call(client, MODEL, TEXTS), worker_model_time(metrics), zbatch),
+                "http": SleepingPath(calls.http_call(session, url, TEXTS), worker_model_time(metrics),
+                                     zbatch | {"gateway": pids["gateway"]}),
+                "bare": SleepingPath(calls.http_call(bare_session, f"{bare}/models/{MODEL}", TEXTS),
+                                     bare_model_time(bare), {"bare": pids["bare"]}),
+            }
             yield {path: every[path] for path in paths}
     finally:
         procs.close()
@@ -142,10 +159,16 @@ async def model_point(model_ms: float, modes: list[str], seconds: float, rounds:
             for mode in modes:
                 holding: AbstractContextManager[None] = poll_idle() if mode == "poll" else nullcontext()
                 with holding:
-                    for path, (call, model_time) in paths.items():
-                        result = await measure(call, model_time, 1.0, seconds)
+                    for path, sleeping in paths.items():
+                        result = await measure(sleeping, 1.0, seconds)
                         samples.setdefault(f"{mode} {path}", []).append(result)
     return {key: middle(runs) for key, runs in samples.items()}
+
+
+def _cell(result: dict[str, Any]) -> str:
+    """p50, what it adds to the model, and how often the path's threads slept per request."""
+    sleeps = sum((result.get("sleeps_per_req") or {}).values())
+    return f"{result['p50_ms']:.2f} ({result['added_ms']:+.2f}; {sleeps:.1f} sleeps)"
 
 
 def main() -> None:
@@ -161,15 +184,15 @@ def main() -> None:
         with poll_idle():  # fail before starting anything if the hold is not allowed
             pass
     print(f"The model sleeps instead of computing. Idle CPUs: {idle_states()}.")
-    print("p50 ms of one closed-loop client (in brackets: minus the model's own mean time per call).")
+    print("p50 ms of one closed-loop client (in brackets: minus the model's own mean time per call, and how often "
+          "the threads of the path's processes, load generator included, slept per request).")
     print("\n| model ms | idle CPUs | zbatch, ZMQ client | zbatch, HTTP | bare aiohttp, model in the handler |\n"
           "|---|---|---|---|---|")
     for model_ms in (float(m) for m in args.model_ms.split(",")):
         point: dict[str, Any] = eventloop.run(model_point(model_ms, modes, args.seconds, args.rounds))
         for mode in modes:
             state = "kernel's choice" if mode == "default" else "polling (cpu_dma_latency 0)"
-            cells = " | ".join(f"{point[f'{mode} {path}']['p50_ms']:.2f} ({point[f'{mode} {path}']['added_ms']:+.2f})"
-                               for path in PATHS)
+            cells = " | ".join(_cell(point[f"{mode} {path}"]) for path in PATHS)
             print(f"| {model_ms:g} | {state} | {cells} |", flush=True)
 
 

@@ -80,18 +80,30 @@ def _cpu(cpu_rows: list[dict[str, Any]]) -> list[str]:
                        "CPU time each process used during the measured window (from /proc; the load generator's "
                        "own process time), divided by the requests completed in it (storm: by the answers, 503s "
                        "included). On 2 shared cores throughput ratios mix a process's cost with its neighbours'; "
-                       "this figure does not depend on how the cores were shared.",
-                       ["case", "system", "concurrency", "µs of CPU per request, by process"])
+                       "this figure does not depend on how the cores were shared. Sleeps: how often the threads "
+                       "of each process blocked (voluntary context switches, /proc), per request; each is a "
+                       "wake-up later, which is what a hop costs where waking an idle CPU is slow.",
+                       ["case", "system", "concurrency", "µs of CPU per request, by process",
+                        "thread sleeps per request, by process"])
     for r in cpu_rows:
         used = _cpu_used(r)
         cells = " · ".join(f"{name} {number(us)}" for name, us in used.items())
-        total = number(sum(used.values()))
-        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {cells} · total {total} |")
+        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {cells} · total "
+                   f"{number(sum(used.values()))} | {_sleeps(r)} |")
     return out
 
 
 def _cpu_used(r: dict[str, Any]) -> dict[str, float]:
     return r["detail"].get("cpu_us_per_req") or r["detail"].get("cpu_us_per_answer") or {}
+
+
+def _sleeps(r: dict[str, Any]) -> str:
+    """The sleeps cell: a figure per process and their total, or a dash for a row measured without them."""
+    sleeps: dict[str, float] = r["detail"].get("sleeps_per_req") or r["detail"].get("sleeps_per_answer") or {}
+    if not sleeps:
+        return "–"
+    cells = " · ".join(f"{name} {value:.1f}" for name, value in sleeps.items())
+    return f"{cells} · total {sum(sleeps.values()):.1f}"
 
 
 def details(rows: list[dict[str, Any]]) -> list[str]:
