@@ -149,7 +149,11 @@ def run_forwarder(frontend: str, backend: str) -> None:
     def pump() -> None:
         while ready := zmq.zmq_poll(inputs, 0):
             for sock, _ in ready:
-                multipart.send(route[sock], multipart.recv(sock))
+                frames = multipart.recv(sock)
+                try:
+                    multipart.send(route[sock], frames)
+                except zmq.Again:  # no worker connected yet (the readiness probe): dropped; the probe asks again
+                    pass
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
