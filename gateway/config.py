@@ -48,16 +48,16 @@ class GatewayConfig:
     curve_secret_key_file: str = option(
         "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
     )
-
-    def __post_init__(self) -> None:
-        problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
-        if problem:
-            raise ValueError(problem)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")
     log_format: str = option(
         "text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS
     )
+
+    def __post_init__(self) -> None:
+        problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def required_models(self) -> tuple[str, ...]:
