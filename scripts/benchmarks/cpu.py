@@ -4,10 +4,10 @@ On a shared 2-core box one foreign test suite loading a model halves what any
 system under test gets. Each measurement records ``other_cores`` (CPU used by
 processes outside this benchmark's process tree, in cores), so a disturbed
 row can be spotted, and ``wait_quiet`` can hold a run until the box is idle.
-``process_seconds`` prices each process under test in CPU per request: on 2
-shared cores, throughput ratios mix one process's cost with its neighbours'.
-``process_sleeps`` counts how often its threads blocked, each a wake-up later:
-where waking an idle CPU is slow (a VM), that count prices a path's hops.
+``process_use`` prices each process under test in CPU per request (on 2
+shared cores, throughput ratios mix one process's cost with its neighbours')
+and counts how often its threads blocked, each a wake-up later: where waking
+an idle CPU is slow (a VM), that count prices a path's hops.
 """
 
 from __future__ import annotations
@@ -81,32 +81,23 @@ def _voluntary_switches(pid: int | str) -> int:
     return total
 
 
-def process_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds each named process (with its children) has used so far; the caller's own included.
+def process_use(pids: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds, and how often threads blocked, so far: each named process with its children, and the caller.
 
-    The caller is read with ``time.process_time`` (all its threads, finer than a clock tick).
+    One scan of /proc serves both.  The caller is the load generator: its CPU is read with
+    ``time.process_time`` (all its threads, finer than a clock tick).  A voluntary context
+    switch is a thread waiting (on epoll, a futex, a queue), and so one wake-up later;
+    threads that end in between take their counts with them.
     """
+    own_seconds = {"load generator": time.process_time()}
     try:
-        table = _process_table() if pids else ({}, {})
-    except (OSError, ValueError, IndexError):
-        return {"load generator": time.process_time()}  # not Linux: the load generator alone
-    used = {name: _tree_ticks(pid, table) / TICKS for name, pid in pids.items() if pid in table[1]}
-    return used | {"load generator": time.process_time()}
-
-
-def process_sleeps(pids: dict[str, int]) -> dict[str, float]:
-    """How often each named process's threads (with its children's) have blocked so far; the caller's own too.
-
-    A voluntary context switch is a thread waiting (on epoll, a futex, a queue) and so one
-    wake-up later.  Threads that end in between take their counts with them.
-    """
-    try:
-        children = _process_table()[0] if pids else {}
+        children, ticks = _process_table() if pids else ({}, {})
+        seconds = {name: _tree_ticks(root, (children, ticks)) / TICKS for name, root in pids.items() if root in ticks}
         blocked: dict[str, float] = {name: sum(_voluntary_switches(pid) for pid in _tree(root, children))
                                      for name, root in pids.items()}
-        return blocked | {"load generator": _voluntary_switches("self")}
+        return seconds | own_seconds, blocked | {"load generator": _voluntary_switches("self")}
     except (OSError, ValueError, IndexError):
-        return {}  # not Linux: no figures
+        return own_seconds, {}  # not Linux: the load generator's CPU alone
 
 
 def per_request(start: dict[str, float], end: dict[str, float], requests: int, scale: float = 1.0

@@ -142,14 +142,14 @@ async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s
     t0 = time.perf_counter()
     window = (t0 + warmup_s, t0 + warmup_s + duration_s)
 
-    async def monitor() -> tuple[dict[str, float], list[dict[str, float]], list[dict[str, float]]]:
+    Use = tuple[dict[str, float], dict[str, float]]
+
+    async def monitor() -> tuple[dict[str, float], Use, Use]:
         """Other processes' cores during the window; the watched processes' CPU seconds and sleeps at both ends."""
-        def use() -> list[dict[str, float]]:
-            return [cpu.process_seconds(watch or {}), cpu.process_sleeps(watch or {})]
         await asyncio.sleep(warmup_s)
-        start, used = cpu.snapshot(), use()
+        start, used = cpu.snapshot(), cpu.process_use(watch or {})
         await asyncio.sleep(duration_s)
-        return cpu.usage(start, cpu.snapshot()), used, use()
+        return cpu.usage(start, cpu.snapshot()), used, cpu.process_use(watch or {})
 
     async def user() -> None:
         while time.perf_counter() < window[1]:
@@ -169,8 +169,9 @@ async def _closed_loop(call: Call, concurrency: int, warmup_s: float, duration_s
         result["answers"] = summarize(attempts, window)
     if watch is not None:  # with retries, per answer: the refusals are where the CPU goes
         per, count = ("answer", result["answers"]["requests"]) if retry_on else ("req", result["requests"])
-        result[f"cpu_us_per_{per}"] = cpu.per_request(used_start[0], used_end[0], count, 1e6)
-        result[f"sleeps_per_{per}"] = cpu.per_request(used_start[1], used_end[1], count)
+        (seconds_start, sleeps_start), (seconds_end, sleeps_end) = used_start, used_end
+        result[f"cpu_us_per_{per}"] = cpu.per_request(seconds_start, seconds_end, count, 1e6)
+        result[f"sleeps_per_{per}"] = cpu.per_request(sleeps_start, sleeps_end, count)
     return result | usage | {
         "concurrency": concurrency, "abandoned": len(pending), "late": len(late),
         "late_max_ms": max(((s.end - s.start) * 1000 for s in late), default=None),

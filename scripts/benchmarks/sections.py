@@ -6,6 +6,7 @@ appears only when the run has rows for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from scripts.benchmarks.report import number, sorted_rows
@@ -86,24 +87,20 @@ def _cpu(cpu_rows: list[dict[str, Any]]) -> list[str]:
                        ["case", "system", "concurrency", "µs of CPU per request, by process",
                         "thread sleeps per request, by process"])
     for r in cpu_rows:
-        used = _cpu_used(r)
-        cells = " · ".join(f"{name} {number(us)}" for name, us in used.items())
-        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {cells} · total "
-                   f"{number(sum(used.values()))} | {_sleeps(r)} |")
+        sleeps = r["detail"].get("sleeps_per_req") or r["detail"].get("sleeps_per_answer")
+        sleeps_cell = _by_process(sleeps, lambda value: f"{value:.1f}") if sleeps else "–"  # older rows had none
+        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {_by_process(_cpu_used(r), number)} | "
+                   f"{sleeps_cell} |")
     return out
+
+
+def _by_process(figures: dict[str, float], show: Callable[[float], str]) -> str:
+    """``name figure · ... · total figure``."""
+    return " · ".join(f"{name} {show(value)}" for name, value in figures.items()) + f" · total {show(sum(figures.values()))}"
 
 
 def _cpu_used(r: dict[str, Any]) -> dict[str, float]:
     return r["detail"].get("cpu_us_per_req") or r["detail"].get("cpu_us_per_answer") or {}
-
-
-def _sleeps(r: dict[str, Any]) -> str:
-    """The sleeps cell: a figure per process and their total, or a dash for a row measured without them."""
-    sleeps: dict[str, float] = r["detail"].get("sleeps_per_req") or r["detail"].get("sleeps_per_answer") or {}
-    if not sleeps:
-        return "–"
-    cells = " · ".join(f"{name} {value:.1f}" for name, value in sleeps.items())
-    return f"{cells} · total {sum(sleeps.values()):.1f}"
 
 
 def details(rows: list[dict[str, Any]]) -> list[str]:
