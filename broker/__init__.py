@@ -1,6 +1,6 @@
-"""The broker daemon, its wire protocol, and the client everyone uses to talk to it."""
+"""The broker daemon: a sans-I/O routing core (``core``, ``state``, ``limits``) and its ZeroMQ shell."""
 
-from broker import native as _native
+from zbatch.runtime import native as _native
 
 # Before any submodule is imported: ZBATCH_NATIVE_DIR may point the hot path at a compiled build.
-NATIVE_STATUS = _native.status_from_environment(__path__)
+NATIVE_STATUS = _native.activate_from_environment(__path__, __name__)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.curve import check_broker_settings, check_key_dir, check_secret_key_file
-from broker.logs import LOG_FORMATS
-from broker.limits import check_model_limits
-from broker.settings import check_endpoint, load, option
+from broker.core import CoreSettings
+from broker.limits import ModelLimits, check_model_limits, parse_model_limits
+from zbatch.runtime.curve import check_broker_settings, check_key_dir, check_secret_key_file
+from zbatch.runtime.logs import LOG_FORMATS
+from zbatch.runtime.settings import check_endpoint, load, option
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,17 @@ class BrokerConfig:
         problem = check_broker_settings(self.curve_secret_key_file, self.curve_clients_dir, self.curve_workers_dir)
         if problem:
             raise ValueError(problem)
+
+    def core_settings(self) -> CoreSettings:
+        """The part of this configuration the routing core uses, with per-model limits parsed."""
+        defaults = ModelLimits(self.max_backlog, self.timeout_ms, self.max_timeout_ms)
+        return CoreSettings(
+            max_backlog=self.max_backlog, priority_reserve=self.priority_reserve, timeout_ms=self.timeout_ms,
+            max_timeout_ms=self.max_timeout_ms, no_worker_grace_ms=self.no_worker_grace_ms,
+            heartbeat_ms=self.heartbeat_ms, heartbeat_liveness=self.heartbeat_liveness,
+            max_retries=self.max_retries, max_message_bytes=self.max_message_bytes, models=self.models,
+            model_limits=parse_model_limits(self.model_limits, defaults),
+        )
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BrokerConfig:

@@ -50,11 +50,13 @@ import os
 import struct
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from broker import payloads, protocol
-from broker.config import BrokerConfig
-from broker.protocol import (
+from broker.limits import ModelLimits
+from broker.state import Job, ModelState, WorkerState
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import (
     NORMAL_PRIORITY,
     Cancel,
     Disconnect,
@@ -64,11 +66,9 @@ from broker.protocol import (
     Ready,
     Reply,
     Request,
-    Status,
     StatsQuery,
+    Status,
 )
-from broker.limits import ModelLimits, parse_model_limits
-from broker.state import Job, ModelState, WorkerState
 
 log = logging.getLogger("zbatch.broker")
 
@@ -84,8 +84,25 @@ POISON_DEATHS = 2  # a request in flight on this many dying workers is treated a
 LOG_EVERY_S = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """What the core needs to know of the broker's configuration (built by ``BrokerConfig.core_settings``)."""
+
+    max_backlog: int = 256
+    priority_reserve: float = 0.25
+    timeout_ms: int = 30_000
+    max_timeout_ms: int = 60_000
+    no_worker_grace_ms: int = 2_000
+    heartbeat_ms: int = 1_000
+    heartbeat_liveness: int = 3
+    max_retries: int = 1
+    max_message_bytes: int = 16 * 1024 * 1024
+    models: tuple[str, ...] = ()
+    model_limits: dict[str, ModelLimits] = field(default_factory=dict)  # models with limits of their own
+
+
 class BrokerCore:
-    def __init__(self, config: BrokerConfig, clock: Callable[[], float]) -> None:
+    def __init__(self, config: CoreSettings, clock: Callable[[], float]) -> None:
         self.config = config
         self.clock = clock
         self.started_at = clock()
@@ -104,7 +121,7 @@ class BrokerCore:
         # Job ids carry a random epoch so a restarted broker never reuses ids a worker still holds.
         self._epoch = os.urandom(4)
         self._default_limits = ModelLimits(config.max_backlog, config.timeout_ms, config.max_timeout_ms)
-        self._model_limits = parse_model_limits(config.model_limits, self._default_limits)
+        self._model_limits = config.model_limits
         self._told_to_register: dict[bytes, float] = {}
         self._next_heartbeat = self.started_at
         self._last_log: dict[str, float] = {}
@@ -116,7 +133,7 @@ class BrokerCore:
         try:
             if size > self.config.max_message_bytes:  # refused unread: not even the meta is decoded
                 raise ProtocolError(f"message too large: {size} bytes, the limit is {self.config.max_message_bytes}")
-            message = protocol.decode_client_message(frames)
+            message = wire.decode_client_message(frames)
         except ProtocolError as exc:
             self._client_protocol_error(client, frames, exc)
             return
@@ -130,7 +147,7 @@ class BrokerCore:
 
     def worker_message(self, identity: bytes, frames: list[bytes]) -> None:
         try:
-            message = protocol.decode_worker_message(frames)
+            message = wire.decode_worker_message(frames)
         except ProtocolError as exc:
             self._log_limited("bad-worker-frame", "dropped a malformed message from a worker: %s", exc)
             return
@@ -150,7 +167,7 @@ class BrokerCore:
         elif isinstance(message, Drain):
             # Ordered delivery makes the acknowledgement a promise: no REQUEST follows it.
             worker.draining = True
-            self.outbox.append((Peer.WORKER, identity, protocol.encode_drain()))
+            self.outbox.append((Peer.WORKER, identity, wire.encode_drain()))
             log.info("worker %s (%s) is draining %d request(s)", identity.hex(), worker.ready.name,
                      len(worker.in_flight))
         elif isinstance(message, Disconnect):
@@ -169,7 +186,7 @@ class BrokerCore:
         if len(self._told_to_register) > 10_000:
             self._told_to_register.clear()  # bound the memory a flood of fake identities can take
         self._told_to_register[identity] = now
-        self.outbox.append((Peer.WORKER, identity, protocol.encode_disconnect("not registered")))
+        self.outbox.append((Peer.WORKER, identity, wire.encode_disconnect("not registered")))
 
     def tick(self) -> None:
         """Fire whatever is due: deadlines, worker expiry, heartbeats."""
@@ -181,7 +198,7 @@ class BrokerCore:
         for worker in [w for w in self.workers.values() if now - w.last_seen > expiry]:
             self.remove_worker(worker.identity, "silent", f"for {now - worker.last_seen:.1f} s")
         if now >= self._next_heartbeat:
-            heartbeat = protocol.encode_heartbeat()
+            heartbeat = wire.encode_heartbeat()
             self.outbox.extend((Peer.WORKER, identity, heartbeat) for identity in self.workers)
             self._next_heartbeat = now + self.config.heartbeat_ms / 1000
 
@@ -293,7 +310,7 @@ class BrokerCore:
                           (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
             remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
-            self.outbox.append((Peer.WORKER, worker.identity, protocol.encode_request(request)))
+            self.outbox.append((Peer.WORKER, worker.identity, wire.encode_request(request)))
 
     @staticmethod
     def _pick_worker(model: ModelState, job: Job) -> WorkerState | None:
@@ -384,7 +401,7 @@ class BrokerCore:
             if reply.status is not Status.OK:
                 log.info("worker %s answered job %s: %s (%s)", worker.ready.name, job.job_id.hex(),
                          reply.status.value, reply.message, extra={"request_id": job.trace})
-            self.outbox.append((Peer.CLIENT, job.client, protocol.readdress_reply(frames, job.request_id)))
+            self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
         for name in worker.models:
             self._dispatch(self.models[name])
 
@@ -415,7 +432,7 @@ class BrokerCore:
             return
         self._retire_answered(job)
         if job.worker is not None:
-            self.outbox.append((Peer.WORKER, job.worker.identity, protocol.encode_cancel(job.job_id)))
+            self.outbox.append((Peer.WORKER, job.worker.identity, wire.encode_cancel(job.job_id)))
 
     def _answer(self, job: Job, status: Status, message: str) -> None:
         level = logging.WARNING if status in (Status.WORKER_ERROR, Status.WORKER_LOST) else logging.INFO
@@ -442,11 +459,11 @@ class BrokerCore:
     def _send_client(self, client: bytes, reply: Reply) -> None:
         if reply.status is not Status.OK:
             self.rejections[reply.status] += 1
-        self.outbox.append((Peer.CLIENT, client, protocol.encode_reply(reply)))
+        self.outbox.append((Peer.CLIENT, client, wire.encode_reply(reply)))
 
     def _client_protocol_error(self, client: bytes, frames: list[bytes], exc: ProtocolError) -> None:
         self._log_limited("bad-client-frame", "malformed message from a client: %s", exc)
-        request_id = protocol.request_id_of(frames)
+        request_id = wire.request_id_of(frames)
         if request_id is not None:
             self._send_client(client, Reply(request_id, Status.BAD_REQUEST, f"malformed message: {exc}"))
 

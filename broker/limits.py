@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from broker.settings import parse_entries
+from zbatch.runtime.settings import parse_entries
 
 LIMIT_KEYS = ("max_backlog", "timeout_ms", "max_timeout_ms")
 

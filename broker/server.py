@@ -20,12 +20,14 @@ import time
 import zmq
 import zmq.asyncio
 
-from broker import NATIVE_STATUS, multipart
+from broker import NATIVE_STATUS
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
-from broker.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
-from broker.metrics import broker_families, start_metrics
-from broker.sdnotify import Notifier
+from broker.metrics import broker_families
+from zbatch.runtime import sockets
+from zbatch.runtime.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
+from zbatch.runtime.metrics import start_metrics
+from zbatch.runtime.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.broker")
 FINAL_LINGER_MS = 1_000
@@ -40,7 +42,7 @@ MAX_FRAME_FACTOR = 4  # the frame size libzmq refuses, in max_message_bytes (64 
 class BrokerServer:
     def __init__(self, config: BrokerConfig, context: zmq.asyncio.Context | None = None) -> None:
         self.config = config
-        self.core = BrokerCore(config, time.monotonic)
+        self.core = BrokerCore(config.core_settings(), time.monotonic)
         self._context = context or zmq.asyncio.Context()
         self._owns_context = context is None
         # CURVE (off unless configured): the authenticator must share the sockets' context.
@@ -145,7 +147,7 @@ class BrokerServer:
                 break
             for socket, _ in ready:
                 try:
-                    identity, *frames = multipart.recv(socket)
+                    identity, *frames = sockets.recv_frames(socket)
                 except zmq.Again:  # announced but gone (a peer dropped for an oversized frame)
                     continue
                 self._handlers[socket](identity, frames)
@@ -190,7 +192,7 @@ class BrokerServer:
             for peer, identity, frames in outbox:
                 socket = self._sync[self.frontend if peer is Peer.CLIENT else self.backend]
                 try:
-                    multipart.send(socket, [identity, *frames])
+                    sockets.send_frames(socket, [identity, *frames])
                 except zmq.ZMQError as exc:
                     # EHOSTUNREACH: the peer is gone; EAGAIN: it stopped reading (at HWM).
                     log.debug("could not send to %s %s: %s", peer.value, identity.hex(), exc)

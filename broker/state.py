@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
-from broker.histogram import SECONDS_BUCKETS, Histogram
-from broker.protocol import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
+from zbatch.protocol.wire import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
+from zbatch.runtime.histogram import SECONDS_BUCKETS, Histogram
 
 PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
 

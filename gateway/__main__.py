@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from broker import eventloop
-from broker.logs import setup_logging
 from gateway.config import load_config
 from gateway.server import serve
+from zbatch.runtime import eventloop
+from zbatch.runtime.logs import setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:

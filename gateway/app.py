@@ -18,7 +18,13 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from broker.client import (
+from gateway.config import GatewayConfig
+from gateway.guard import guards
+from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
+from gateway.openapi import DOCUMENT
+from gateway.tracing import REQUEST_ID, request_ids
+from gateway.views import json_response, jsonable, models_listing, worker_count
+from zbatch.client import (
     AsyncClient,
     BadRequest,
     BrokerUnavailable,
@@ -30,14 +36,8 @@ from broker.client import (
     WorkerLost,
     ZBatchError,
 )
-from broker.curve import client_keys
-from broker.protocol import MAX_NAME_CHARS
-from gateway.config import GatewayConfig
-from gateway.guard import guards
-from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
-from gateway.openapi import DOCUMENT
-from gateway.tracing import REQUEST_ID, request_ids
-from gateway.views import json_response, jsonable, models_listing, worker_count
+from zbatch.protocol.wire import MAX_NAME_CHARS
+from zbatch.runtime.curve import client_keys
 
 log = logging.getLogger("zbatch.gateway")
 

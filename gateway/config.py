@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.curve import check_client_settings, check_public_key_file, check_secret_key_file
-from broker.logs import LOG_FORMATS
-from broker.settings import check_endpoint, load, option
 from gateway.guard import check_api_keys_file
+from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
+from zbatch.runtime.logs import LOG_FORMATS
+from zbatch.runtime.settings import check_endpoint, load, option
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.protocol import MAX_NAME_CHARS
 from gateway.config import GatewayConfig
 from gateway.tracing import MAX_REQUEST_ID_CHARS, REQUEST_ID_HEADER
+from zbatch.protocol.wire import MAX_NAME_CHARS
 
 ERROR_CODES = [
     "bad_request", "unknown_model", "not_found", "method_not_allowed", "payload_too_large",
@@ -115,7 +115,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
     "Stats": {
-        "type": "object", "description": "The broker's STATS payload (broker/PROTOCOL.md, section 3.6)",
+        "type": "object", "description": "The broker's STATS payload (zbatch/protocol/PROTOCOL.md, section 3.6)",
         "properties": {"uptime_s": {"type": "number"}, "draining": {"type": "boolean"},
                        "models": {"type": "object", "additionalProperties": {"type": "object"}},
                        "workers": {"type": "array", "items": {"type": "object"}}},

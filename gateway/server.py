@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from broker.client import AsyncClient
-from broker.curve import client_keys
-from broker.sdnotify import Notifier
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from zbatch.client import AsyncClient
+from zbatch.runtime.curve import client_keys
+from zbatch.runtime.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.gateway")
 

@@ -1,9 +1,9 @@
 """Broker results as JSON: worker outputs and the broker's statistics.
 
-Outputs come back from :class:`broker.client.AsyncClient` with numpy arrays in
+Outputs come back from :class:`zbatch.client.AsyncClient` with numpy arrays in
 them, and JSON has no arrays of float32 (nor bytes), so everything goes
 through :func:`jsonable` before it reaches a response.  The stats follow the
-STATS payload of broker/PROTOCOL.md (section 3.6).
+STATS payload of zbatch/protocol/PROTOCOL.md (section 3.6).
 """
 
 from __future__ import annotations

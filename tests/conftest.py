@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wait_for_worker
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
 
 
 @pytest.fixture(scope="session")

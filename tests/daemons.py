@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import native
-from broker.client import AsyncClient, ZBatchError
-from broker.curve import CurveKeys
+from zbatch.client import AsyncClient, ZBatchError
+from zbatch.runtime import native
+from zbatch.runtime.curve import CurveKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120.0

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from worker.embeddings import EmbeddingRunner
+from worker.runners.embeddings import EmbeddingRunner
 
 CRASH_MARKER = "FAULT: crash the worker"
 HANG_MARKER = "FAULT: hang the worker"

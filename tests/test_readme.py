@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.settings import env_name, flag_name
 from gateway.config import GatewayConfig
 from worker.config import WorkerConfig
+from zbatch.runtime.settings import env_name, flag_name
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AsyncClient
 from broker.config import BrokerConfig
 from broker.config import load_config as load_broker_config
-from broker.status import load_config as load_status_config
 from gateway.config import GatewayConfig
 from gateway.config import load_config as load_gateway_config
 from worker.config import WorkerConfig
 from worker.config import load_config as load_worker_config
+from zbatch.client import AsyncClient
+from zbatch.tools.status import load_config as load_status_config
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "scripts" / "systemd"

@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker import payloads
-from broker.protocol import Reply, Status
+from zbatch.protocol import payloads
+from zbatch.protocol.wire import Reply, Status
 
 log = logging.getLogger("zbatch.worker")
 

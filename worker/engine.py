@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.protocol import Status
 from worker.assembler import Batch, ItemFailure
-from worker.models import InputError, ModelSpec, Runner, load_runner
+from worker.runners import InputError, ModelSpec, Runner, load_runner
 from worker.threads import ThreadGovernor
+from zbatch.protocol.wire import Status
 
 log = logging.getLogger("zbatch.worker")
 Outcomes = list[Any]
@@ -92,7 +92,7 @@ class InferenceThread:
             outcomes = run_isolated(runners[model], batch.inputs, batch.parameters)
             elapsed = time.perf_counter() - started
             self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, elapsed)
-            governor.observe(threads, elapsed, getattr(runners[model], "modelled_seconds", 0.0))
+            governor.observe(threads, elapsed, runners[model].modelled_seconds)
 
     def _use_threads(self, governor: ThreadGovernor) -> int:
         """Set torch's thread count to the governor's choice (probes included); log when its choice changes."""

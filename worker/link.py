@@ -24,9 +24,10 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from broker import multipart, protocol
-from broker.curve import CurveKeys
-from broker.protocol import BrokerToWorkerMessage, Disconnect, ProtocolError
+from zbatch.protocol import wire
+from zbatch.protocol.wire import BrokerToWorkerMessage, Disconnect, ProtocolError
+from zbatch.runtime import sockets
+from zbatch.runtime.curve import CurveKeys
 
 log = logging.getLogger("zbatch.worker")
 INITIAL_BACKOFF_S = 1.0
@@ -82,7 +83,7 @@ class BrokerLink:
         if self._sender is None:
             return  # between connections: the broker has given these jobs up already
         try:
-            multipart.send(self._sender, frames)
+            sockets.send_frames(self._sender, frames)
         except zmq.Again:
             log.warning("dropped a message to the broker: send queue full")
         # The socket's file descriptor is edge-triggered, and this send may have consumed the
@@ -134,13 +135,13 @@ class BrokerLink:
         assert self._sender is not None
         while True:
             try:
-                frames = multipart.recv(self._sender)
+                frames = sockets.recv_frames(self._sender)
             except zmq.Again:
                 return
             self._last_heard = time.monotonic()
             self._backoff_s = INITIAL_BACKOFF_S
             try:
-                message = protocol.decode_broker_to_worker(frames)
+                message = wire.decode_broker_to_worker(frames)
             except ProtocolError as exc:
                 log.warning("dropped a malformed message from the broker: %s", exc)
                 continue

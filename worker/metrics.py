@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker, built from its model slots' counters when Prometheus scrapes.
 
 The I/O loop records each batch's size and inference time in plain
-histograms (:mod:`broker.histogram`) on the model's slot;
+histograms (:mod:`zbatch.runtime.histogram`) on the model's slot;
 :func:`broker.metrics.start_metrics` serves these families from a thread but
 builds them on the loop.
 """
@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from broker.metrics import histogram_family
-from broker.protocol import Status
 from worker.slots import ModelSlot
+from zbatch.protocol.wire import Status
+from zbatch.runtime.metrics import histogram_family
 
 
 def worker_families(slots: Mapping[str, ModelSlot]) -> list[Metric]:

@@ -30,10 +30,14 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from broker import payloads, protocol
-from broker.curve import client_keys
-from broker.metrics import start_metrics
-from broker.protocol import (
+from worker.assembler import Batch, PendingRequest
+from worker.config import WorkerConfig
+from worker.engine import InferenceThread, Outcomes
+from worker.link import BrokerLink
+from worker.metrics import worker_families
+from worker.slots import ModelSlot, model_slots
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import (
     BrokerToWorkerMessage,
     Cancel,
     Drain,
@@ -44,13 +48,9 @@ from broker.protocol import (
     Request,
     Status,
 )
-from broker.sdnotify import Notifier
-from worker.assembler import Batch, PendingRequest
-from worker.config import WorkerConfig
-from worker.engine import InferenceThread, Outcomes
-from worker.link import BrokerLink
-from worker.metrics import worker_families
-from worker.slots import ModelSlot, model_slots
+from zbatch.runtime.curve import client_keys
+from zbatch.runtime.metrics import start_metrics
+from zbatch.runtime.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.worker")
 FINAL_FLUSH_S = 0.2
@@ -121,11 +121,11 @@ class WorkerServer:
         infos = tuple(slot.info for slot in self.slots.values())
         ready = Ready(infos, self.config.effective_capacity, self.config.identity,
                       socketlib.gethostname(), os.getpid(), self._engine.device)
-        return protocol.encode_ready(ready)
+        return wire.encode_ready(ready)
 
     def _heartbeat_frames(self) -> list[bytes]:
         counters = {name: slot.counters() for name, slot in self.slots.items()}
-        return protocol.encode_heartbeat(Heartbeat(counters))
+        return wire.encode_heartbeat(Heartbeat(counters))
 
     def _deliver(self, message: BrokerToWorkerMessage) -> None:
         if isinstance(message, Request):
@@ -139,7 +139,7 @@ class WorkerServer:
     def _send_replies(self, replies: list[Reply]) -> None:
         assert self._link is not None
         for reply in replies:
-            self._link.send(protocol.encode_reply(reply))
+            self._link.send(wire.encode_reply(reply))
 
     # -------------------------------------------------------------- batching
 
@@ -215,13 +215,13 @@ class WorkerServer:
         log.info("draining: telling the broker, then finishing %d held request(s)", self._held())
         budget_end = time.monotonic() + self.config.drain_timeout_ms / 1000
         self._link.announce = False
-        self._link.send(protocol.encode_drain())
+        self._link.send(wire.encode_drain())
         await _wait(self._drain_acknowledged, budget_end)
         self._draining = True
         self._schedule()
         if self._held() and not await _wait(self._drained, budget_end):
             log.warning("drain timeout: %d request(s) left to the broker", self._held())
-        self._link.send(protocol.encode_disconnect("worker stopping"))
+        self._link.send(wire.encode_disconnect("worker stopping"))
         # Let the last replies and the DISCONNECT leave before the connection closes: a peer
         # that reads them in the same TCP segment as the close can lose them (seen with libzmq).
         await asyncio.sleep(FINAL_FLUSH_S)
@@ -239,7 +239,7 @@ class WorkerServer:
         assert self._link is not None
         log.error("batch running for %.1f s (limit %d ms): the model is stuck; exiting for a restart",
                   running_s, self.config.batch_timeout_ms)
-        self._link.send(protocol.encode_disconnect(f"stuck: a batch ran for {running_s:.0f} s"))
+        self._link.send(wire.encode_disconnect(f"stuck: a batch ran for {running_s:.0f} s"))
         self._link.close(linger_ms=1_000)
         self._context.term()
         os._exit(STUCK_EXIT_CODE)  # the inference thread cannot be stopped; the process must go

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from broker.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
-from broker.protocol import BatchCounters, ModelInfo, Status
-from broker.settings import parse_entries
 from worker.assembler import Assembler
 from worker.batching import BatchPolicy
 from worker.config import WorkerConfig
-from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+from zbatch.protocol.wire import BatchCounters, ModelInfo, Status
+from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
+from zbatch.runtime.settings import parse_entries
 
 SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms"}
 

@@ -15,7 +15,6 @@ import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from broker import eventloop
 from scripts.benchmarks import (
     cases_infra,
     cases_model,
@@ -29,6 +28,7 @@ from scripts.benchmarks import (
 )
 from scripts.benchmarks.common import Context, Settings
 from scripts.benchmarks.procs import ROOT, log
+from zbatch.runtime import eventloop
 
 Case = Callable[[Context], Awaitable[None]]
 # The model cases run together, interleaved in rounds (cases_model.run); the others one after another.

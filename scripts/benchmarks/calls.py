@@ -16,9 +16,9 @@ from pathlib import Path
 
 import aiohttp
 
-from broker import payloads
-from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks.load import Call
+from zbatch.client import AsyncClient, ZBatchError
+from zbatch.protocol import payloads
 
 HTTP_TIMEOUT_S = 60.0
 

@@ -18,8 +18,6 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from broker import native
-from broker.client import AsyncClient, ZBatchError
 from scripts.benchmarks import procs
 from scripts.benchmarks.calls import http_call, http_session, saved_answer, zmq_raw_call
 from scripts.benchmarks.common import Context, row
@@ -28,6 +26,8 @@ from scripts.benchmarks.idle import middle, sleeping_systems
 from scripts.benchmarks.load import closed_loop
 from scripts.benchmarks.procs import MODEL, ROOT, Procs
 from scripts.benchmarks.texts import shuffled
+from zbatch.client import AsyncClient, ZBatchError
+from zbatch.runtime import native
 
 ECHO_WORKERS = 2
 IDLE_MODEL_MS = 10.0  # the sleeping model of the idle case: about the real model's batch 1 here

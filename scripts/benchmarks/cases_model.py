@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.client import AsyncClient
 from scripts.benchmarks import batches, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, ZbatchStack, row, system_key
 from scripts.benchmarks.load import closed_loop, quiet
 from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
+from zbatch.client import AsyncClient
 
 CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",

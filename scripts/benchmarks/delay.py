@@ -23,10 +23,10 @@ import tempfile
 import time
 from typing import Any
 
-from broker import eventloop
-from broker.client import AsyncClient
 from scripts.benchmarks import batches, calls, load
 from scripts.benchmarks.procs import Procs, free_port, start_broker, wait_workers
+from zbatch.client import AsyncClient
+from zbatch.runtime import eventloop
 
 BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
 ITEM_MS = 0.2  # and of each item in it
@@ -41,6 +41,7 @@ class SleepRunner:
     def __init__(self, spec: Any, device: str, dtype: Any) -> None:
         self.spec = spec
         self.device = "cpu"
+        self.modelled_seconds = 0.0
         batch_ms, item_ms = os.environ.get(COST_ENV, f"{BATCH_MS},{ITEM_MS}").split(",")
         self.batch_s, self.item_s = float(batch_ms) / 1000, float(item_ms) / 1000
 

@@ -2,7 +2,7 @@
 
 Modes (``python -m scripts.benchmarks.echo_worker MODE ...``):
 
-* ``broker``: speaks the worker side of broker/PROTOCOL.md to a real zbatch
+* ``broker``: speaks the worker side of zbatch/protocol/PROTOCOL.md to a real zbatch
   broker. It answers each REQUEST with REPLY ok at once (payload = the
   request's payload, or with ``--outputs vector`` a fixed 384-float vector per
   input so the gateway can answer as for the real model). With
@@ -29,8 +29,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from broker import eventloop, multipart, payloads, protocol
-from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
+from zbatch.runtime import eventloop, sockets
 
 VECTOR = np.random.default_rng(0).standard_normal(384).astype(np.float32)
 
@@ -52,7 +53,7 @@ class EchoWorker:
 
     def ready(self) -> list[bytes]:
         info = ModelInfo(self.args.model, "echo", self.args.max_batch)
-        return protocol.encode_ready(Ready((info,), self.args.capacity, self.args.name, "", os.getpid(), "echo"))
+        return wire.encode_ready(Ready((info,), self.args.capacity, self.args.name, "", os.getpid(), "echo"))
 
     def answer(self, request: Request) -> list[bytes]:
         payload = request.payload
@@ -60,10 +61,10 @@ class EchoWorker:
             if request.items not in self._vectors:
                 self._vectors[request.items] = payloads.encode_payload({"outputs": [VECTOR] * request.items})
             payload = self._vectors[request.items]
-        return protocol.encode_reply(Reply(request.request_id, Status.OK, "", payload))
+        return wire.encode_reply(Reply(request.request_id, Status.OK, "", payload))
 
     def heartbeat(self) -> list[bytes]:
-        return protocol.encode_heartbeat(Heartbeat({self.args.model: BatchCounters(self.batches, self.items)}))
+        return wire.encode_heartbeat(Heartbeat({self.args.model: BatchCounters(self.batches, self.items)}))
 
     def run_instant(self) -> None:
         """Blocking loop, like the proxy's echo worker, so routing is compared like for like."""
@@ -75,23 +76,23 @@ class EchoWorker:
                 next_beat = time.monotonic() + 1.0
             if not self.socket.poll(max(1, int((next_beat - time.monotonic()) * 1000))):
                 continue
-            message = protocol.decode_broker_to_worker(multipart.recv(self.socket))
+            message = wire.decode_broker_to_worker(sockets.recv_frames(self.socket))
             if isinstance(message, Request):
                 self.batches += 1
                 self.items += message.items
-                multipart.send(self.socket, self.answer(message))
-            elif isinstance(message, protocol.Disconnect):
+                sockets.send_frames(self.socket, self.answer(message))
+            elif isinstance(message, wire.Disconnect):
                 self.socket.send_multipart(self.ready())
 
     async def run_simulated(self) -> None:
         await self.socket.send_multipart(self.ready())
         self._tasks = [asyncio.create_task(self.heartbeats()), asyncio.create_task(self.simulate())]
         while True:
-            message = protocol.decode_broker_to_worker(await self.socket.recv_multipart())
+            message = wire.decode_broker_to_worker(await self.socket.recv_multipart())
             if isinstance(message, Request):
                 self.pending.append(message)
                 self.arrived.set()
-            elif isinstance(message, protocol.Disconnect):
+            elif isinstance(message, wire.Disconnect):
                 await self.socket.send_multipart(self.ready())
 
     async def heartbeats(self) -> None:
@@ -149,9 +150,9 @@ def run_forwarder(frontend: str, backend: str) -> None:
     def pump() -> None:
         while ready := zmq.zmq_poll(inputs, 0):
             for sock, _ in ready:
-                frames = multipart.recv(sock)
+                frames = sockets.recv_frames(sock)
                 try:
-                    multipart.send(route[sock], frames)
+                    sockets.send_frames(route[sock], frames)
                 except zmq.Again:  # no worker connected yet (the readiness probe): dropped; the probe asks again
                     pass
 
@@ -174,11 +175,11 @@ def run_proxy_worker(backend: str) -> None:
     sock.connect(backend)
     while True:
         sock.poll()
-        client, *frames = multipart.recv(sock)
-        message = protocol.decode_client_message(frames)
+        client, *frames = sockets.recv_frames(sock)
+        message = wire.decode_client_message(frames)
         if isinstance(message, Request):
             reply = Reply(message.request_id, Status.OK, "", message.payload)
-            multipart.send(sock, [client, *protocol.encode_reply(reply)])
+            sockets.send_frames(sock, [client, *wire.encode_reply(reply)])
 
 
 def main() -> None:

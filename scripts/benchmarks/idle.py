@@ -35,11 +35,11 @@ from typing import Any
 
 import aiohttp
 
-from broker import eventloop
-from broker.client import AsyncClient
 from scripts.benchmarks import batches, calls, load
 from scripts.benchmarks.delay import MODEL, start_simulated_worker
 from scripts.benchmarks.procs import Procs, start_broker, start_gateway, start_http_server
+from zbatch.client import AsyncClient
+from zbatch.runtime import eventloop
 
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
 CPUIDLE = Path("/sys/devices/system/cpu")

@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from worker.grouping import NEVER_SPLIT
+    from worker.runners.grouping import NEVER_SPLIT
 
     runner = load(args.threads, grouped=True, dtype=args.dtype)
     calibrated = runner.cost_model

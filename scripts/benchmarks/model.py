@@ -16,8 +16,8 @@ from typing import Any
 def load(threads: int, grouped: bool = False, dtype: str = "float32") -> Any:
     import torch
 
-    from worker.grouping import NEVER_SPLIT
-    from worker.models import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, load_runner
+    from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, load_runner
+    from worker.runners.grouping import NEVER_SPLIT
 
     torch.set_num_threads(threads)
     runner = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype=dtype))

@@ -16,11 +16,11 @@ import json
 import sys
 from typing import Any
 
-from broker import eventloop
 from scripts.benchmarks.calls import http_call, http_session
 from scripts.benchmarks.load import open_loop
 from scripts.benchmarks.procs import ROOT
 from scripts.benchmarks.texts import shuffled
+from zbatch.runtime import eventloop
 
 
 async def probe(url: str, rate: float, duration_s: float) -> dict[str, Any]:

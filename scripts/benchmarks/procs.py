@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from broker.client import AsyncClient, ZBatchError
+from zbatch.client import AsyncClient, ZBatchError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "all-MiniLM-L6-v2"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
-from worker.models import NATIVE_BFLOAT16_FLAGS, cpu_flags
+from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
               "zbatch-bf16", "routing", "gateway", "idle", "overload", "storm", "scale")

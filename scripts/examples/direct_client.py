@@ -5,7 +5,7 @@ Start the stack (scripts/serve), then: .venv/bin/python scripts/examples/direct_
 
 from __future__ import annotations
 
-from broker.client import Client, Overloaded
+from zbatch.client import Client, Overloaded
 
 with Client("tcp://127.0.0.1:5555", overload_retries=3) as client:
     vectors = client.infer("all-MiniLM-L6-v2", ["ZeroMQ is a messaging library", "a socket library"])

@@ -11,7 +11,7 @@ import asyncio
 import statistics
 import time
 
-from broker.client import AsyncClient
+from zbatch.client import AsyncClient
 
 WORDS = "the quick brown fox jumps over a lazy dog while batching raises throughput on every device".split()
 

@@ -21,15 +21,14 @@ import atheris
 
 # Only zbatch's own code is instrumented: numpy and friends would make the start slow and the coverage noisy.
 with atheris.instrument_imports(include=["broker"]):
-    from broker import payloads, protocol
-    from broker.config import BrokerConfig
-    from broker.core import BrokerCore
-    from broker.protocol import ModelInfo, ProtocolError, Ready
+    from broker.core import BrokerCore, CoreSettings
+    from zbatch.protocol import payloads, wire
+    from zbatch.protocol.wire import ModelInfo, ProtocolError, Ready
 
 SEPARATOR = b"\xffZB|"
-DECODERS = (protocol.decode_client_message, protocol.decode_worker_message,
-            protocol.decode_broker_to_worker, protocol.decode_reply)
-CONFIG = BrokerConfig(models=("m",), max_backlog=16, timeout_ms=1000, max_message_bytes=4096)
+DECODERS = (wire.decode_client_message, wire.decode_worker_message,
+            wire.decode_broker_to_worker, wire.decode_reply)
+CONFIG = CoreSettings(models=("m",), max_backlog=16, timeout_ms=1000, max_message_bytes=4096)
 
 
 class Clock:
@@ -55,7 +54,7 @@ def test_one_input(data: bytes) -> None:
             pass
     clock = Clock()
     core = BrokerCore(CONFIG, clock)
-    core.worker_message(b"W", protocol.encode_ready(Ready((ModelInfo("m", "embeddings", 4),), 8)))
+    core.worker_message(b"W", wire.encode_ready(Ready((ModelInfo("m", "embeddings", 4),), 8)))
     core.client_message(b"C", list(frames))
     core.worker_message(b"W", list(frames))
     clock.now += 5
@@ -63,7 +62,7 @@ def test_one_input(data: bytes) -> None:
 
 
 def write_seeds(directory: Path) -> None:
-    from tests.broker.protocol_examples import EXAMPLES
+    from tests.zbatch.protocol_examples import EXAMPLES
 
     directory.mkdir(parents=True, exist_ok=True)
     for name, frames in EXAMPLES.items():

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import zmq
 
-from broker import payloads, protocol
-from broker.client import AsyncClient, DeadlineExceeded, Overloaded, UnknownModel
-from broker.protocol import Status
 from tests.daemons import Daemon, broker_stats, start_broker, start_worker, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import AsyncClient, DeadlineExceeded, Overloaded, UnknownModel
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import Status
 
 MODEL = DEFAULT_MODEL_NAME
 
@@ -117,13 +117,13 @@ def test_malformed_frames_from_a_raw_dealer_never_hurt_the_broker(stack: dict[st
             [b"ZB\x07\x02", b"wrong-version", b"", b""],
             [b"ZB\x01\x02", b"bad-meta", b"\xc1\xc1", b"payload"],
             [b"ZB\x01\x01", b"worker-command"],
-            [b"ZB\x01\x02", b"neg-items", protocol.pack({"model": MODEL, "items": -3}), b""],
+            [b"ZB\x01\x02", b"neg-items", wire.pack({"model": MODEL, "items": -3}), b""],
         ]
         for frames in hostile:
             dealer.send_multipart(frames)
         answered = {}
         for _ in range(5):  # five of them carry a usable request id
-            reply = protocol.decode_reply(dealer.recv_multipart())
+            reply = wire.decode_reply(dealer.recv_multipart())
             answered[reply.request_id] = reply.status
         assert answered == {
             b"no-meta": Status.BAD_REQUEST,
@@ -133,8 +133,8 @@ def test_malformed_frames_from_a_raw_dealer_never_hurt_the_broker(stack: dict[st
             b"neg-items": Status.BAD_REQUEST,
         }
         good = payloads.encode_payload({"inputs": ["still fine"], "parameters": {}})
-        dealer.send_multipart(protocol.encode_request(protocol.Request(b"good", MODEL, 1, good)))
-        reply = protocol.decode_reply(dealer.recv_multipart())
+        dealer.send_multipart(wire.encode_request(wire.Request(b"good", MODEL, 1, good)))
+        reply = wire.decode_reply(dealer.recv_multipart())
         assert (reply.request_id, reply.status) == (b"good", Status.OK)
     finally:
         dealer.close()

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from broker import payloads, protocol
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
-from broker.protocol import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
 
 MODEL = "m"
 
@@ -33,15 +33,15 @@ def clock() -> FakeClock:
 
 def make_core(clock: FakeClock, **overrides: Any) -> BrokerCore:
     settings = {"models": (MODEL,), "max_backlog": 8, "timeout_ms": 1000, "no_worker_grace_ms": 500} | overrides
-    return BrokerCore(BrokerConfig(**settings), clock)
+    return BrokerCore(BrokerConfig(**settings).core_settings(), clock)
 
 
 def ready(core: BrokerCore, identity: bytes, capacity: int = 4, model: str = MODEL) -> None:
-    core.worker_message(identity, protocol.encode_ready(Ready((ModelInfo(model, "embeddings", 2),), capacity)))
+    core.worker_message(identity, wire.encode_ready(Ready((ModelInfo(model, "embeddings", 2),), capacity)))
 
 
 def send(core: BrokerCore, request_id: bytes, items: int = 1, client: bytes = b"C", **kw: Any) -> None:
-    core.client_message(client, protocol.encode_request(Request(request_id, kw.pop("model", MODEL), items, b"P", **kw)))
+    core.client_message(client, wire.encode_request(Request(request_id, kw.pop("model", MODEL), items, b"P", **kw)))
 
 
 def take(core: BrokerCore) -> list[tuple[Peer, bytes, list[bytes]]]:
@@ -50,21 +50,21 @@ def take(core: BrokerCore) -> list[tuple[Peer, bytes, list[bytes]]]:
 
 
 def client_replies(out: list[tuple[Peer, bytes, list[bytes]]]) -> list[Reply]:
-    return [protocol.decode_reply(frames) for peer, _, frames in out if peer is Peer.CLIENT]
+    return [wire.decode_reply(frames) for peer, _, frames in out if peer is Peer.CLIENT]
 
 
 def dispatched(out: list[tuple[Peer, bytes, list[bytes]]]) -> list[tuple[bytes, Request]]:
     result = []
     for peer, identity, frames in out:
-        if peer is Peer.WORKER and frames[0] == protocol.HEADERS[protocol.Command.REQUEST]:
-            message = protocol.decode_broker_to_worker(frames)
+        if peer is Peer.WORKER and frames[0] == wire.HEADERS[wire.Command.REQUEST]:
+            message = wire.decode_broker_to_worker(frames)
             assert isinstance(message, Request)
             result.append((identity, message))
     return result
 
 
 def worker_reply(core: BrokerCore, worker: bytes, job_id: bytes, status: Status = Status.OK) -> None:
-    core.worker_message(worker, protocol.encode_reply(Reply(job_id, status, "", b"result")))
+    core.worker_message(worker, wire.encode_reply(Reply(job_id, status, "", b"result")))
 
 
 def test_request_is_dispatched_with_payload_untouched_and_reply_forwarded(clock: FakeClock) -> None:
@@ -220,7 +220,7 @@ def test_silent_worker_is_expired_even_when_busy_and_its_work_goes_elsewhere(clo
     assert first == b"W1"
     ready(core, b"W2", capacity=1)
     clock.advance(0.2)
-    core.worker_message(b"W2", protocol.encode_heartbeat())
+    core.worker_message(b"W2", wire.encode_heartbeat())
     clock.advance(0.15)
     core.tick()
     [(second, again)] = dispatched(take(core))
@@ -228,7 +228,7 @@ def test_silent_worker_is_expired_even_when_busy_and_its_work_goes_elsewhere(clo
     worker_reply(core, b"W1", job.request_id)  # the expired worker's late reply
     out = take(core)
     assert client_replies(out) == []
-    assert out[0][0] is Peer.WORKER and out[0][2][0] == protocol.HEADERS[protocol.Command.DISCONNECT]
+    assert out[0][0] is Peer.WORKER and out[0][2][0] == wire.HEADERS[wire.Command.DISCONNECT]
     worker_reply(core, b"W2", again.request_id)
     assert [r.status for r in client_replies(take(core))] == [Status.OK]
 
@@ -238,10 +238,10 @@ def test_retry_budget_then_worker_error(clock: FakeClock) -> None:
     ready(core, b"W1")
     send(core, b"poison")
     take(core)
-    core.worker_message(b"W1", protocol.encode_disconnect("crashed"))
+    core.worker_message(b"W1", wire.encode_disconnect("crashed"))
     ready(core, b"W2")
     assert len(dispatched(take(core))) == 1
-    core.worker_message(b"W2", protocol.encode_disconnect("crashed"))
+    core.worker_message(b"W2", wire.encode_disconnect("crashed"))
     [reply] = client_replies(take(core))
     assert reply.status is Status.WORKER_ERROR and "died 2 times" in reply.message
 
@@ -251,7 +251,7 @@ def test_spent_retry_budget_is_worker_lost(clock: FakeClock) -> None:
     ready(core, b"W1")
     send(core, b"r")
     take(core)
-    core.worker_message(b"W1", protocol.encode_disconnect("crashed"))
+    core.worker_message(b"W1", wire.encode_disconnect("crashed"))
     [reply] = client_replies(take(core))
     assert reply.status is Status.WORKER_LOST
 
@@ -262,11 +262,11 @@ def test_cancel_removes_a_waiting_request_and_forwards_for_a_running_one(clock: 
     send(core, b"running")
     send(core, b"waiting")
     [(_, job)] = dispatched(take(core))
-    core.client_message(b"C", protocol.encode_cancel(b"waiting"))
+    core.client_message(b"C", wire.encode_cancel(b"waiting"))
     assert core.stats()["models"][MODEL]["backlog_items"] == 0
-    core.client_message(b"C", protocol.encode_cancel(b"running"))
+    core.client_message(b"C", wire.encode_cancel(b"running"))
     [(peer, worker, frames)] = take(core)
-    assert peer is Peer.WORKER and protocol.decode_broker_to_worker(frames) == protocol.Cancel(job.request_id)
+    assert peer is Peer.WORKER and wire.decode_broker_to_worker(frames) == wire.Cancel(job.request_id)
     worker_reply(core, b"W1", job.request_id, Status.CANCELLED)
     assert client_replies(take(core)) == []
 
@@ -275,7 +275,7 @@ def test_another_client_cannot_cancel_or_collide(clock: FakeClock) -> None:
     core = make_core(clock, no_worker_grace_ms=10_000)
     send(core, b"same", client=b"A")
     send(core, b"same", client=b"B")
-    core.client_message(b"B", protocol.encode_cancel(b"same"))
+    core.client_message(b"B", wire.encode_cancel(b"same"))
     ready(core, b"W1")
     assert len(dispatched(take(core))) == 1  # A's request still runs
 
@@ -298,10 +298,10 @@ def test_malformed_client_message_gets_bad_request_when_it_has_an_id(clock: Fake
 
 def test_unregistered_worker_is_told_to_register(clock: FakeClock) -> None:
     core = make_core(clock)
-    core.worker_message(b"ghost", protocol.encode_heartbeat())
+    core.worker_message(b"ghost", wire.encode_heartbeat())
     [(peer, identity, frames)] = take(core)
     assert (peer, identity) == (Peer.WORKER, b"ghost")
-    assert isinstance(protocol.decode_broker_to_worker(frames), protocol.Disconnect)
+    assert isinstance(wire.decode_broker_to_worker(frames), wire.Disconnect)
 
 
 def test_heartbeats_are_sent_every_interval(clock: FakeClock) -> None:
@@ -321,8 +321,8 @@ def test_heartbeats_are_sent_every_interval(clock: FakeClock) -> None:
 def test_stats_report_batches_from_heartbeats(clock: FakeClock) -> None:
     core = make_core(clock)
     ready(core, b"W1")
-    core.worker_message(b"W1", protocol.encode_heartbeat(Heartbeat({MODEL: BatchCounters(2, 7)})))
-    core.client_message(b"C", protocol.encode_stats_query(b"s"))
+    core.worker_message(b"W1", wire.encode_heartbeat(Heartbeat({MODEL: BatchCounters(2, 7)})))
+    core.client_message(b"C", wire.encode_stats_query(b"s"))
     [reply] = client_replies(take(core))
     stats = payloads.decode_payload(reply.payload)
     model = stats["models"][MODEL]
@@ -363,22 +363,22 @@ def test_job_ids_differ_between_broker_instances(clock: FakeClock) -> None:
 def test_a_reconnecting_worker_flushing_old_messages_is_asked_to_register_once(clock: FakeClock) -> None:
     core = make_core(clock, heartbeat_ms=100)
     for _ in range(5):
-        core.worker_message(b"W1", protocol.encode_heartbeat())
+        core.worker_message(b"W1", wire.encode_heartbeat())
     assert len(take(core)) == 1
     clock.advance(0.1)
-    core.worker_message(b"W1", protocol.encode_heartbeat())
+    core.worker_message(b"W1", wire.encode_heartbeat())
     assert len(take(core)) == 1
 
 
 def test_reconnection_of_the_same_process_requeues_without_charging_retries(clock: FakeClock) -> None:
     core = make_core(clock, max_retries=0)
-    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
+    core.worker_message(b"W1", wire.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
     send(core, b"r")
     take(core)
-    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
+    core.worker_message(b"W1", wire.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 7)))
     out = take(core)
     assert client_replies(out) == [] and len(dispatched(out)) == 1  # sent again, budget untouched
-    core.worker_message(b"W1", protocol.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 8)))
+    core.worker_message(b"W1", wire.encode_ready(Ready((ModelInfo(MODEL, "e", 2),), 4, "w", "h", 8)))
     [reply] = client_replies(take(core))
     assert reply.status is Status.WORKER_LOST  # a new pid: the old process died with the job
 
@@ -388,12 +388,12 @@ def test_draining_worker_gets_no_new_work_and_its_clean_exit_charges_nothing(clo
     ready(core, b"W1")
     send(core, b"held")
     take(core)
-    core.worker_message(b"W1", protocol.encode_drain())
+    core.worker_message(b"W1", wire.encode_drain())
     [(peer, identity, frames)] = take(core)
-    assert isinstance(protocol.decode_broker_to_worker(frames), protocol.Drain)
+    assert isinstance(wire.decode_broker_to_worker(frames), wire.Drain)
     send(core, b"new")
     assert dispatched(take(core)) == []
-    core.worker_message(b"W1", protocol.encode_disconnect("stopping"))
+    core.worker_message(b"W1", wire.encode_disconnect("stopping"))
     ready(core, b"W2")
     assert len(dispatched(take(core))) == 2  # both go to the new worker; nothing failed
 
@@ -403,7 +403,7 @@ def test_a_job_whose_worker_died_runs_alone_on_an_idle_worker(clock: FakeClock) 
     ready(core, b"W1", capacity=4)
     send(core, b"suspect")
     take(core)
-    core.worker_message(b"W1", protocol.encode_disconnect("crashed"))
+    core.worker_message(b"W1", wire.encode_disconnect("crashed"))
     ready(core, b"W2", capacity=4)
     [(_, suspect)] = dispatched(take(core))
     send(core, b"innocent")

@@ -21,13 +21,13 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from broker import protocol
-from broker.client import AsyncClient, BrokerUnavailable
-from broker.curve import CurveKeys
-from broker.keys import make_key_pair
-from broker.protocol import ModelInfo, Ready, Reply, Request, Status
 from tests.daemons import Daemon, broker_stats, http_json, start_broker, start_gateway, start_worker, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import AsyncClient, BrokerUnavailable
+from zbatch.protocol import wire
+from zbatch.protocol.wire import ModelInfo, Ready, Reply, Request, Status
+from zbatch.runtime.curve import CurveKeys
+from zbatch.tools.keys import make_key_pair
 
 MODEL = "m"
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -103,7 +103,7 @@ def worker_names(broker: Daemon, keys: Keys) -> list[str]:
 
 
 def ready(name: str) -> list[bytes]:
-    return protocol.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8, name))
+    return wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8, name))
 
 
 def test_known_worker_registers_and_known_client_is_served(
@@ -122,10 +122,10 @@ def test_known_worker_registers_and_known_client_is_served(
         """The worker's side: skip heartbeats, answer the one request."""
         while True:
             assert worker.poll(10_000), "no request reached the worker"
-            message = protocol.decode_broker_to_worker(worker.recv_multipart())
+            message = wire.decode_broker_to_worker(worker.recv_multipart())
             if isinstance(message, Request):
                 break
-        worker.send_multipart(protocol.encode_reply(Reply(message.request_id, Status.OK, "", b"secret result")))
+        worker.send_multipart(wire.encode_reply(Reply(message.request_id, Status.OK, "", b"secret result")))
 
     async def round_trip() -> Reply:
         reply, _ = await asyncio.gather(ask(), asyncio.to_thread(answer))
@@ -133,7 +133,7 @@ def test_known_worker_registers_and_known_client_is_served(
 
     reply = asyncio.run(round_trip())
     assert (reply.status, reply.payload) == (Status.OK, b"secret result")
-    worker.send_multipart(protocol.encode_disconnect("done"))
+    worker.send_multipart(wire.encode_disconnect("done"))
 
 
 @pytest.mark.parametrize(("who", "expected"), [
@@ -208,7 +208,7 @@ def test_settings_must_come_together(keys: Keys, tmp_path: Path) -> None:
 
 
 def test_zbatch_keys_writes_a_private_pair_once(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "broker.keys", str(tmp_path / "keys"), "gpu0"]
+    command = [sys.executable, "-m", "zbatch.tools.keys", str(tmp_path / "keys"), "gpu0"]
     made = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert made.returncode == 0, made.stderr
     public, secret = tmp_path / "keys" / "gpu0.key", tmp_path / "keys" / "gpu0.key_secret"

@@ -17,10 +17,10 @@ import msgpack
 import pytest
 import zmq
 
-from broker import protocol
-from broker.protocol import Command, ModelInfo, Ready, Reply, Request, Status
-from tests.broker.protocol_examples import EXAMPLES, expected_replies
 from tests.daemons import Daemon, broker_stats, start_broker, wait_until
+from tests.zbatch.protocol_examples import EXAMPLES, expected_replies
+from zbatch.protocol import wire
+from zbatch.protocol.wire import Command, ModelInfo, Ready, Reply, Request, Status
 
 MODEL = "m"
 LIMIT = 4096  # max_message_bytes; libzmq drops frames over 4 times this
@@ -61,16 +61,16 @@ def receive(sock: zmq.Socket[bytes], timeout_s: float) -> list[bytes] | None:
 def reply_to(sock: zmq.Socket[bytes], timeout_s: float = 5.0) -> Reply:
     frames = receive(sock, timeout_s)
     assert frames is not None, f"no reply within {timeout_s} s"
-    return protocol.decode_reply(frames)
+    return wire.decode_reply(frames)
 
 
 def request(request_id: bytes, payload: bytes = b"\x80") -> list[bytes]:
-    return protocol.encode_request(Request(request_id, MODEL, 1, payload, TIMEOUT_MS))
+    return wire.encode_request(Request(request_id, MODEL, 1, payload, TIMEOUT_MS))
 
 
 def register_worker(context: zmq.Context[zmq.Socket[bytes]], broker: Daemon, name: str) -> zmq.Socket[bytes]:
     worker = dealer(context, broker.backend, name.encode())
-    worker.send_multipart(protocol.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8, name)))
+    worker.send_multipart(wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8, name)))
     wait_until(lambda: name in worker_names(broker), 10, f"worker {name} to register", broker.log)
     return worker
 
@@ -84,7 +84,7 @@ def work_within(worker: zmq.Socket[bytes], seconds: float) -> list[list[bytes]]:
     deadline = time.monotonic() + seconds
     received = []
     while (frames := receive(worker, max(0.0, deadline - time.monotonic()))) is not None:
-        if frames != protocol.encode_heartbeat():
+        if frames != wire.encode_heartbeat():
             received.append(frames)
     return received
 
@@ -92,7 +92,7 @@ def work_within(worker: zmq.Socket[bytes], seconds: float) -> list[list[bytes]]:
 def next_job(worker: zmq.Socket[bytes]) -> Request:
     """The next REQUEST the broker sends this worker, skipping its heartbeats."""
     while (frames := receive(worker, 5.0)) is not None:
-        message = protocol.decode_broker_to_worker(frames)
+        message = wire.decode_broker_to_worker(frames)
         if isinstance(message, Request):
             return message
     raise AssertionError("the broker sent the worker no request")
@@ -103,17 +103,17 @@ def test_oversized_message_is_refused_unread_and_an_absurd_frame_drops_the_peer(
 ) -> None:
     client = dealer(context, broker.frontend)
     meta = msgpack.packb({"model": MODEL, "items": 1})
-    big = [protocol.HEADERS[Command.REQUEST], b"big", meta, b"\xc1" * LIMIT]
+    big = [wire.HEADERS[Command.REQUEST], b"big", meta, b"\xc1" * LIMIT]
     client.send_multipart(big)
     reply = reply_to(client)
     assert (reply.request_id, reply.status) == (b"big", Status.BAD_REQUEST)
     assert f"message too large: {sum(map(len, big))} bytes, the limit is {LIMIT}" in reply.message
     absurd = dealer(context, broker.frontend)
     dropped = absurd.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    absurd.send_multipart([protocol.HEADERS[Command.REQUEST], b"absurd", meta, b"\x00" * (4 * LIMIT + 1)])
+    absurd.send_multipart([wire.HEADERS[Command.REQUEST], b"absurd", meta, b"\x00" * (4 * LIMIT + 1)])
     assert receive(dropped, 5.0) is not None, "libzmq did not cut the connection"
     assert receive(absurd, QUIET_S) is None  # and the broker never saw the message
-    client.send_multipart(protocol.encode_stats_query(b"after"))
+    client.send_multipart(wire.encode_stats_query(b"after"))
     assert reply_to(client).status is Status.OK
 
 
@@ -123,20 +123,20 @@ def test_frontend_peer_cannot_act_as_a_worker(broker: Daemon, context: zmq.Conte
     victim, attacker = dealer(context, broker.frontend), dealer(context, broker.frontend)
     victim.send_multipart(request(b"victim-1", b"\x81\xa6inputs\x91\xa1x"))
     job = next_job(worker)
-    forged_ready = protocol.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 1000, "impostor"))
+    forged_ready = wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 1000, "impostor"))
     attacker.send_multipart([forged_ready[0], b"ready-id", forged_ready[1]])
     assert reply_to(attacker).status is Status.BAD_REQUEST
     for request_id in (job.request_id, b"victim-1"):
-        attacker.send_multipart(protocol.encode_reply(Reply(request_id, Status.OK, "", b"forged")))
+        attacker.send_multipart(wire.encode_reply(Reply(request_id, Status.OK, "", b"forged")))
         forged = reply_to(attacker)
         assert (forged.request_id, forged.status) == (request_id, Status.BAD_REQUEST)
         assert "not allowed from a client" in forged.message
     assert receive(victim, QUIET_S) is None
     assert "impostor" not in worker_names(broker)
-    worker.send_multipart(protocol.encode_reply(Reply(job.request_id, Status.OK, "", b"genuine")))
+    worker.send_multipart(wire.encode_reply(Reply(job.request_id, Status.OK, "", b"genuine")))
     genuine = reply_to(victim)
     assert (genuine.request_id, genuine.status, genuine.payload) == (b"victim-1", Status.OK, b"genuine")
-    worker.send_multipart(protocol.encode_disconnect("done"))
+    worker.send_multipart(wire.encode_disconnect("done"))
 
 
 def test_a_client_cannot_cancel_or_collide_with_another_clients_request(
@@ -146,16 +146,16 @@ def test_a_client_cannot_cancel_or_collide_with_another_clients_request(
     owner, other = dealer(context, broker.frontend), dealer(context, broker.frontend)
     owner.send_multipart(request(b"shared-id"))
     job = next_job(worker)
-    other.send_multipart(protocol.encode_cancel(b"shared-id"))
+    other.send_multipart(wire.encode_cancel(b"shared-id"))
     other.send_multipart(request(b"shared-id"))  # same id, other connection: a request of its own
     second = next_job(worker)
     assert second.request_id != job.request_id
     assert work_within(worker, QUIET_S) == []  # no CANCEL reached the worker
-    worker.send_multipart(protocol.encode_reply(Reply(job.request_id, Status.OK, "", b"for-owner")))
-    worker.send_multipart(protocol.encode_reply(Reply(second.request_id, Status.OK, "", b"for-other")))
+    worker.send_multipart(wire.encode_reply(Reply(job.request_id, Status.OK, "", b"for-owner")))
+    worker.send_multipart(wire.encode_reply(Reply(second.request_id, Status.OK, "", b"for-other")))
     assert reply_to(owner).payload == b"for-owner"
     assert reply_to(other).payload == b"for-other"
-    worker.send_multipart(protocol.encode_disconnect("done"))
+    worker.send_multipart(wire.encode_disconnect("done"))
 
 
 def mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
@@ -196,7 +196,7 @@ def test_mutated_traffic_on_both_sockets_is_answered_once_per_request(
         for number in range(HOSTILE_MESSAGES):
             frames = mutate(rng, rng.choice(valid))
             which = rng.randrange(3)
-            if protocol.request_id_of(frames) is not None:
+            if wire.request_id_of(frames) is not None:
                 frames[1] = b"m%d" % number  # unique ids: each answer names its message
                 expected[(which, frames[1])] += expected_replies(frames)
             clients[which].send_multipart(frames)
@@ -207,7 +207,7 @@ def test_mutated_traffic_on_both_sockets_is_answered_once_per_request(
         def collect() -> bool:
             for which, client in enumerate(clients):
                 while client.poll(0):
-                    answered[(which, protocol.decode_reply(client.recv_multipart()).request_id)] += 1
+                    answered[(which, wire.decode_reply(client.recv_multipart()).request_id)] += 1
             return sum(answered.values()) >= sum(expected.values())
 
         wait_until(collect, 20, "an answer to every hostile request", broker.log)

@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.client import AsyncClient, NoWorker, Overloaded
 from tests.daemons import (
     Daemon,
     broker_stats,
@@ -28,7 +27,8 @@ from tests.daemons import (
 )
 from tests.faults import CRASH_MARKER, HANG_MARKER
 from tests.load import Load
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import AsyncClient, NoWorker, Overloaded
 
 MODEL = DEFAULT_MODEL_NAME
 HEARTBEAT = {"heartbeat_ms": 250, "heartbeat_liveness": 3}

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.broker.protocol_examples import EXAMPLES
 from tests.broker.test_hostile_sockets import mutate
 from tests.daemons import Daemon, running_stack, wait_until
 from tests.load import Load
-from worker.models import DEFAULT_MODEL_NAME
+from tests.zbatch.protocol_examples import EXAMPLES
+from worker.runners import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
 ZMQ_MESSAGES_PER_SOCKET = 3000

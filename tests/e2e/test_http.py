@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.daemons import Daemon, http_json, start_broker, start_gateway, start_worker, wait_until
-from worker.models import DEFAULT_MODEL_NAME, default_model_path
+from worker.runners import DEFAULT_MODEL_NAME, default_model_path
 
 MODEL = DEFAULT_MODEL_NAME
 TEXTS = [

@@ -9,10 +9,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.client import AsyncClient, UnknownModel
 from tests.daemons import Daemon, broker_stats, http_json, start_broker, start_gateway, start_worker, wait_until
 from tests.worker.tiny_models import make_tiny_bert
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import AsyncClient, UnknownModel
 
 EMBED, CLASSIFY, FILL = DEFAULT_MODEL_NAME, "tiny-classifier", "tiny-fill-mask"
 

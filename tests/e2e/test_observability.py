@@ -24,7 +24,7 @@ from gateway.app import BROKER_ERRORS, HTTP_ERROR_CODES, create_app
 from gateway.config import GatewayConfig
 from gateway.openapi import DOCUMENT
 from tests.daemons import Daemon, free_port, http_json, start_broker, start_gateway, start_worker, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from tests.daemons import broker_stats, running_stack, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
 HEARTBEAT = {"heartbeat_ms": 2000, "heartbeat_liveness": 10}  # a pause of 20 s is not a death

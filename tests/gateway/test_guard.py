@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from broker import payloads, protocol
-from broker.protocol import Reply, Status
 from tests.daemons import Daemon, broker_stats, free_port, start_broker, wait_until
 from tests.gateway.conftest import Gateway, Response, spawn_gateway
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import Reply, Status
 
 KEYS = ["first-key-0123456789", "second-key-abcdefghij"]
 KEYS_FILE = "# zbatch API keys\n\n{0}\n   {1}   \n# retired-key\n"
@@ -181,8 +181,8 @@ class JunkBroker:
             if not self._socket.poll(50):
                 continue
             identity, *frames = self._socket.recv_multipart()
-            request_id = protocol.request_id_of(frames) or b"?"
-            self._socket.send_multipart([identity, *protocol.encode_reply(Reply(request_id, Status.OK, "", junk))])
+            request_id = wire.request_id_of(frames) or b"?"
+            self._socket.send_multipart([identity, *wire.encode_reply(Reply(request_id, Status.OK, "", junk))])
 
     def close(self) -> None:
         self._stop.set()

@@ -6,17 +6,16 @@ import json
 
 import numpy as np
 
-from broker import protocol
-from broker.config import BrokerConfig
-from broker.core import BrokerCore
+from broker.core import BrokerCore, CoreSettings
 from gateway.views import jsonable, models_listing, worker_count
+from zbatch.protocol import wire
 
 
 def real_stats() -> dict[str, object]:
     """Statistics from a real broker core with one worker for "echo" and none for "idle"."""
-    core = BrokerCore(BrokerConfig(models=("echo", "idle")), clock=lambda: 0.0)
-    ready = protocol.Ready((protocol.ModelInfo("echo", "embeddings", 8),), 8, name="w1")
-    core.worker_message(b"W1", protocol.encode_ready(ready))
+    core = BrokerCore(CoreSettings(models=("echo", "idle")), clock=lambda: 0.0)
+    ready = wire.Ready((wire.ModelInfo("echo", "embeddings", 8),), 8, name="w1")
+    core.worker_message(b"W1", wire.encode_ready(ready))
     return core.stats()
 
 

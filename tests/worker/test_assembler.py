@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker import payloads
-from broker.protocol import Status
 from worker.assembler import Assembler, ItemFailure, PendingRequest
+from zbatch.protocol import payloads
+from zbatch.protocol.wire import Status
 
 
 def pending(job_id: bytes, n: int, deadline: float = 100.0, parameters: dict[str, Any] | None = None) -> PendingRequest:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.client import Client
 from tests.daemons import Daemon, running_stack, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import Client
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Event

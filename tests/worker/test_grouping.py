@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from worker.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 
 
 def total_cost(lengths: list[int], groups: list[list[int]], model: CostModel) -> float:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.client import Client
 from tests.daemons import running_stack
 from worker.batching import COST_MIN_BATCHES
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import Client
 
 WINDOW_MS = 60_000
 TIMEOUT_MS = 20_000

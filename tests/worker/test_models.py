@@ -1,4 +1,4 @@
-"""worker.models against real models: the bundled all-MiniLM-L6-v2 and tiny BERT/GPT-2 models built on disk."""
+"""worker.runners against real models: the bundled all-MiniLM-L6-v2 and tiny BERT/GPT-2 models built on disk."""
 
 from __future__ import annotations
 
@@ -14,17 +14,9 @@ import numpy as np
 import pytest
 
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
-from worker.embeddings import EmbeddingRunner
-from worker.models import (
-    DEFAULT_MODEL_NAME,
-    InputError,
-    ModelSpec,
-    Runner,
-    cpu_lacks_native_bfloat16,
-    default_model_path,
-    load_runner,
-    resolve_device,
-)
+from worker.runners import DEFAULT_MODEL_NAME, InputError, ModelSpec, Runner, default_model_path, load_runner
+from worker.runners.device import cpu_lacks_native_bfloat16, resolve_device
+from worker.runners.embeddings import EmbeddingRunner
 
 TEXTS = [
     "hello world",
@@ -81,7 +73,7 @@ def test_embeddings_batch_equals_one_at_a_time(embedder: Runner) -> None:
 
 @pytest.mark.parametrize("overhead_tokens", [0.0, 50.0])
 def test_length_groups_give_the_same_embeddings_in_input_order(embedder: Runner, overhead_tokens: float) -> None:
-    from worker.grouping import NEVER_SPLIT, CostModel
+    from worker.runners.grouping import NEVER_SPLIT, CostModel
 
     runner: EmbeddingRunner = embedder  # type: ignore[assignment]
     calibrated = runner.cost_model
@@ -301,12 +293,12 @@ def test_cpu_bfloat16_check_reads_the_cpu_flags(machine: str, flags: str, lacks:
 def test_bfloat16_warns_only_on_a_cpu_without_native_support(
         tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lacks: bool) -> None:
     """The CPU check is replaced by a fake, so the test does not depend on this host's CPU."""
-    import worker.models
+    import worker.runners.device
 
     def fake_cpu_check() -> bool:
         return lacks
 
-    monkeypatch.setattr(worker.models, "cpu_lacks_native_bfloat16", fake_cpu_check)
+    monkeypatch.setattr(worker.runners.device, "cpu_lacks_native_bfloat16", fake_cpu_check)
     path = make_tiny_bert(tiny_dir, "feature-extraction")
     with caplog.at_level("WARNING", logger="zbatch.worker"):
         load_runner(ModelSpec("tiny-warn", path, task="feature-extraction", device="cpu", dtype="bfloat16"))
@@ -321,8 +313,8 @@ def test_default_model_path_points_at_the_bundled_model() -> None:
 
 
 def test_import_is_cheap() -> None:
-    """The gateway may import worker.models for its names; that must not drag in torch."""
-    code = "import sys, worker.models; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    """Importing worker.runners for its names must not drag in torch."""
+    code = "import sys, worker.runners; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
 

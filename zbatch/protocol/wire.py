@@ -11,7 +11,7 @@ Three kinds of peer speak this protocol, over ZeroMQ multipart messages:
 
 Every message starts with a 4-byte header frame: ``b"ZB"``, the protocol
 version (1) and a command byte.  The frames after it depend on the command
-(see ``broker/PROTOCOL.md``, which is the normative description; this module
+(see ``zbatch/protocol/PROTOCOL.md``, which is the normative description; this module
 is its implementation).  Small structured fields travel as msgpack maps in a
 "meta" frame; model inputs and outputs travel in a separate "payload" frame
 that the broker never decodes: it only reads the request id, the model name,
@@ -22,7 +22,7 @@ Decoding is strict: anything that does not match the schema raises
 answer "bad request" or drop the message without ever crashing.
 
 The payload codec (numpy arrays as raw little-endian bytes) is
-:mod:`broker.payloads`.
+:mod:`zbatch.protocol.payloads`.
 """
 
 from __future__ import annotations

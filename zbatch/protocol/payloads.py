@@ -3,8 +3,8 @@
 The broker never calls this: it forwards payload frames without decoding
 them.  Arrays travel as msgpack extension type 1 (:data:`NDARRAY_EXT`), whose
 data is the msgpack of ``[dtype, shape, raw little-endian bytes]``, never as
-lists of floats (see ``broker/PROTOCOL.md`` section 5).  Decoding is bounded
-and strict, and raises only :class:`broker.protocol.ProtocolError`.
+lists of floats (see ``zbatch/protocol/PROTOCOL.md`` section 5).  Decoding is bounded
+and strict, and raises only :class:`zbatch.protocol.wire.ProtocolError`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgpack
 import numpy as np
 
-from broker.protocol import ProtocolError, pack, shortened
+from zbatch.protocol.wire import ProtocolError, pack, shortened
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
 NDARRAY_EXT: Final = 1

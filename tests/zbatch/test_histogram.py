@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.histogram import Histogram
+from zbatch.runtime.histogram import Histogram
 
 
 def test_buckets_are_cumulative_and_a_bound_belongs_to_its_own_bucket() -> None:

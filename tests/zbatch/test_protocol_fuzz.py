@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import payloads, protocol
-from broker.config import BrokerConfig
-from broker.core import BrokerCore, Peer
-from broker.protocol import (
+from broker.core import BrokerCore, CoreSettings, Peer
+from tests.zbatch.protocol_examples import EXAMPLES, expected_replies
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import (
     Cancel,
     Command,
     Disconnect,
@@ -38,7 +38,6 @@ from broker.protocol import (
     StatsQuery,
     Status,
 )
-from tests.broker.protocol_examples import EXAMPLES, expected_replies
 
 FUZZ = settings(
     derandomize=True,
@@ -51,11 +50,11 @@ FUZZ = settings(
 FUZZ_TRAFFIC = settings(FUZZ, max_examples=300)
 FUZZ_PAYLOAD = settings(FUZZ, max_examples=600)
 DECODERS: tuple[Callable[[list[bytes]], Any], ...] = (
-    protocol.decode_client_message,
-    protocol.decode_worker_message,
-    protocol.decode_broker_to_worker,
-    protocol.decode_reply,
-    protocol.decode_header,
+    wire.decode_client_message,
+    wire.decode_worker_message,
+    wire.decode_broker_to_worker,
+    wire.decode_reply,
+    wire.decode_header,
 )
 META_KEYS = ("model", "items", "timeout_ms", "priority", "trace", "status", "message", "retry_after_ms",
              "models", "capacity", "name", "host", "pid", "device", "batches", "reason", "task",
@@ -98,7 +97,7 @@ meta_maps = st.dictionaries(st.sampled_from(META_KEYS) | st.text(max_size=12), v
 field_values = st.integers(-1, 3) | st.text(max_size=3) | values
 packed = values.map(_packb)
 packed_meta = meta_maps.map(_packb)
-headers = st.sampled_from(list(protocol.HEADERS.values())) | st.binary(min_size=4, max_size=4).map(
+headers = st.sampled_from(list(wire.HEADERS.values())) | st.binary(min_size=4, max_size=4).map(
     lambda raw: b"ZB" + raw[2:])
 frame = st.binary(max_size=80) | packed | packed_meta | headers
 random_frames = st.lists(frame, max_size=6)
@@ -180,14 +179,14 @@ messages = mutated() | mutated() | random_frames | valid
 
 
 ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
-    Request: protocol.encode_request,
-    Reply: protocol.encode_reply,
-    Ready: protocol.encode_ready,
-    Heartbeat: protocol.encode_heartbeat,
-    Disconnect: lambda message: protocol.encode_disconnect(message.reason),
-    Drain: lambda message: protocol.encode_drain(),
-    Cancel: lambda message: protocol.encode_cancel(message.request_id),
-    StatsQuery: lambda message: protocol.encode_stats_query(message.request_id),
+    Request: wire.encode_request,
+    Reply: wire.encode_reply,
+    Ready: wire.encode_ready,
+    Heartbeat: wire.encode_heartbeat,
+    Disconnect: lambda message: wire.encode_disconnect(message.reason),
+    Drain: lambda message: wire.encode_drain(),
+    Cancel: lambda message: wire.encode_cancel(message.request_id),
+    StatsQuery: lambda message: wire.encode_stats_query(message.request_id),
 }
 
 
@@ -228,7 +227,7 @@ class FakeClock:
 
 
 MODEL = "m"
-CONFIG = BrokerConfig(models=(MODEL,), max_backlog=16, timeout_ms=1000, max_timeout_ms=2000,
+CONFIG = CoreSettings(models=(MODEL,), max_backlog=16, timeout_ms=1000, max_timeout_ms=2000,
                       no_worker_grace_ms=500, max_message_bytes=4096)
 GOOD_WORKER = b"W-good"
 traffic = st.lists(st.tuples(st.sampled_from((Peer.CLIENT, Peer.WORKER)), st.sampled_from((b"A", b"B", b"W")),
@@ -238,8 +237,8 @@ traffic = st.lists(st.tuples(st.sampled_from((Peer.CLIENT, Peer.WORKER)), st.sam
 def _answer_held_jobs(core: BrokerCore, sent: list[tuple[Peer, bytes, list[bytes]]]) -> None:
     """The well-behaved worker answers every request the broker sent it."""
     for peer, identity, frames in sent:
-        if peer is Peer.WORKER and identity == GOOD_WORKER and frames[0] == protocol.HEADERS[Command.REQUEST]:
-            core.worker_message(GOOD_WORKER, protocol.encode_reply(Reply(frames[1], Status.OK, "", b"out")))
+        if peer is Peer.WORKER and identity == GOOD_WORKER and frames[0] == wire.HEADERS[Command.REQUEST]:
+            core.worker_message(GOOD_WORKER, wire.encode_reply(Reply(frames[1], Status.OK, "", b"out")))
 
 
 @FUZZ_TRAFFIC
@@ -249,14 +248,14 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
 ) -> None:
     clock = FakeClock()
     core = BrokerCore(CONFIG, clock)
-    core.worker_message(GOOD_WORKER, protocol.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8)))
+    core.worker_message(GOOD_WORKER, wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8)))
     expected: Counter[tuple[bytes, bytes]] = Counter()
     sent: list[tuple[Peer, bytes, list[bytes]]] = []
     for number, (peer, identity, frames, answer) in enumerate(messages_in):
         frames = list(frames)
         if peer is Peer.WORKER:
             core.worker_message(identity, frames)
-        elif protocol.request_id_of(frames) is not None:
+        elif wire.request_id_of(frames) is not None:
             # Ids are made unique per message, so each answer can be matched to its message.
             frames[1] = b"id-%d" % number
             expected[(identity, frames[1])] += expected_replies(frames)
@@ -275,8 +274,8 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
     answered: Counter[tuple[bytes, bytes]] = Counter()
     for peer, identity, frames in sent + core.outbox:
         if peer is Peer.CLIENT:
-            assert frames[0] == protocol.HEADERS[Command.REPLY]
-            answered[(identity, protocol.decode_reply(frames).request_id)] += 1
+            assert frames[0] == wire.HEADERS[Command.REPLY]
+            answered[(identity, wire.decode_reply(frames).request_id)] += 1
     assert answered == +expected
     assert core.idle
 
@@ -284,9 +283,9 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
 def test_oversized_client_message_is_refused_before_decoding() -> None:
     core = BrokerCore(CONFIG, FakeClock())
     meta = msgpack.packb({"model": MODEL, "items": 1})
-    core.client_message(b"A", [protocol.HEADERS[Command.REQUEST], b"r1", meta, b"\xc1" * 5000])
+    core.client_message(b"A", [wire.HEADERS[Command.REQUEST], b"r1", meta, b"\xc1" * 5000])
     [(peer, identity, frames)] = core.outbox
-    reply = protocol.decode_reply(frames)
+    reply = wire.decode_reply(frames)
     assert (peer, identity, reply.request_id, reply.status) == (Peer.CLIENT, b"A", b"r1", "bad_request")
     assert "message too large" in reply.message and "4096" in reply.message
     assert not core.jobs
@@ -300,7 +299,7 @@ def _array(dtype: Any, shape: Any, data: Any) -> bytes:
     return _packb({"outputs": [msgpack.ExtType(1, _packb([dtype, shape, data]))]})
 
 
-REQUEST, READY, HEARTBEAT, REPLY = (protocol.HEADERS[c] for c in (Command.REQUEST, Command.READY,
+REQUEST, READY, HEARTBEAT, REPLY = (wire.HEADERS[c] for c in (Command.REQUEST, Command.READY,
                                                                     Command.HEARTBEAT, Command.REPLY))
 MODELS = [{"name": "m", "task": "t", "max_batch_size": 1}]
 
@@ -320,7 +319,7 @@ MODELS = [{"name": "m", "task": "t", "max_batch_size": 1}]
 ])
 def test_schema_rejects(frames: list[bytes], complaint: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        (protocol.decode_client_message if frames[0] == REQUEST else protocol.decode_worker_message)(frames)
+        (wire.decode_client_message if frames[0] == REQUEST else wire.decode_worker_message)(frames)
     assert complaint in str(info.value)
 
 
@@ -347,8 +346,8 @@ def test_payload_arrays_are_checked_before_numpy_sees_them(payload: bytes, compl
 def test_complaints_stay_short_whatever_the_input(frames: list[bytes]) -> None:
     """The text goes back to the sender and into the broker's log: it must not echo a 64 KiB input."""
     with pytest.raises(ProtocolError) as info:
-        (protocol.decode_worker_message if frames[0] == READY else protocol.decode_client_message
-         if frames[0] == REQUEST else protocol.decode_reply)(frames)
+        (wire.decode_worker_message if frames[0] == READY else wire.decode_client_message
+         if frames[0] == REQUEST else wire.decode_reply)(frames)
     assert len(str(info.value)) <= MAX_COMPLAINT_CHARS
 
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.status import Sample, render
 from tests.daemons import ROOT, Daemon, free_port, start_broker
+from zbatch.tools.status import Sample, render
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def status(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.status", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "zbatch.tools.status", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=30, env={"PYTHONPATH": str(ROOT)} | (env or {}), check=False)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from broker.client import AsyncClient, Client, Overloaded, UnknownModel
 from tests.daemons import Daemon, broker_stats, running_stack, wait_until
-from worker.models import DEFAULT_MODEL_NAME
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.client import AsyncClient, Client, Overloaded, UnknownModel
 
 MODEL = DEFAULT_MODEL_NAME
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.breaker import OverloadBreaker, Ticket
+from zbatch.client.breaker import OverloadBreaker, Ticket
 
 KEY = ("model", 1)
 

@@ -1,7 +1,7 @@
 """Sentence embeddings, computed exactly like sentence-transformers, with padding-aware grouping.
 
 Runs on the worker's inference thread.  Each batch is tokenised once to learn
-the input lengths; :mod:`worker.grouping` then decides whether running it as
+the input lengths; :mod:`worker.runners.grouping` then decides whether running it as
 a few length-sorted groups costs less than one padded pass (it does on a CPU,
 rarely on a GPU).  Outputs come back in input order either way.
 """
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.grouping import CostModel, calibrate, plan_groups
-from worker.models import InputError, ModelSpec, check_inputs, quoted_names
+from worker.runners.grouping import CostModel, calibrate, plan_groups
+from worker.runners.spec import InputError, ModelSpec, check_inputs, quoted_names
 
 if TYPE_CHECKING:
     import torch

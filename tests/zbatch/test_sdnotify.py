@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from broker import sdnotify
 from tests.daemons import (
     _spawn,
     broker_stats,
@@ -21,6 +20,7 @@ from tests.daemons import (
     start_gateway,
     wait_until,
 )
+from zbatch.runtime import sdnotify
 
 
 class FakeSystemd:

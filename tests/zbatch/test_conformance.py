@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import payloads, protocol
-from tests.broker.protocol_examples import EXAMPLES
+from tests.zbatch.protocol_examples import EXAMPLES
+from zbatch.protocol import payloads, wire
 
-DOCUMENT = (Path(__file__).resolve().parents[2] / "broker" / "PROTOCOL.md").read_text()
+DOCUMENT = (Path(__file__).resolve().parents[2] / "zbatch" / "protocol" / "PROTOCOL.md").read_text()
 BLOCK = re.compile(r"```frames (\S+)\n(.*?)```", re.DOTALL)
 
 
@@ -34,13 +34,13 @@ def test_document_and_encoder_agree_byte_for_byte(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_documented_bytes_decode(name: str) -> None:
     frames = documented()[name]
-    command = protocol.decode_header(frames)
-    decoders = [protocol.decode_client_message, protocol.decode_worker_message, protocol.decode_broker_to_worker]
+    command = wire.decode_header(frames)
+    decoders = [wire.decode_client_message, wire.decode_worker_message, wire.decode_broker_to_worker]
     decoded = []
     for decode in decoders:
         try:
             decoded.append(decode(frames))
-        except protocol.ProtocolError:
+        except wire.ProtocolError:
             continue
     assert decoded, f"no peer accepts the documented {command.name} example"
 

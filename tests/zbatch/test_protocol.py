@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker import payloads, protocol
-from broker.protocol import (
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import (
     BatchCounters,
     Cancel,
     Command,
@@ -18,43 +18,43 @@ from broker.protocol import (
     Ready,
     Reply,
     Request,
-    Status,
     StatsQuery,
+    Status,
 )
 
 
 def test_header_is_signature_version_command() -> None:
-    assert protocol.HEADERS[Command.REQUEST] == b"ZB\x01\x02"
+    assert wire.HEADERS[Command.REQUEST] == b"ZB\x01\x02"
 
 
 @pytest.mark.parametrize("timeout_ms", [None, 250])
 def test_request_round_trip(timeout_ms: int | None) -> None:
     request = Request(b"id-1", "all-MiniLM-L6-v2", 3, b"\x93\x01\x02\x03", timeout_ms)
-    assert protocol.decode_client_message(protocol.encode_request(request)) == request
-    assert protocol.decode_broker_to_worker(protocol.encode_request(request)) == request
+    assert wire.decode_client_message(wire.encode_request(request)) == request
+    assert wire.decode_broker_to_worker(wire.encode_request(request)) == request
 
 
 def test_reply_round_trip_and_readdress() -> None:
     reply = Reply(b"job", Status.OVERLOADED, "busy", b"", retry_after_ms=1000)
-    frames = protocol.encode_reply(reply)
-    assert protocol.decode_reply(frames) == reply
-    forwarded = protocol.readdress_reply(frames, b"client-id")
-    assert protocol.decode_reply(forwarded) == Reply(b"client-id", Status.OVERLOADED, "busy", b"", 1000)
+    frames = wire.encode_reply(reply)
+    assert wire.decode_reply(frames) == reply
+    forwarded = wire.readdress_reply(frames, b"client-id")
+    assert wire.decode_reply(forwarded) == Reply(b"client-id", Status.OVERLOADED, "busy", b"", 1000)
     assert forwarded[2] is frames[2] and forwarded[3] is frames[3]  # meta and payload untouched
 
 
 def test_worker_messages_round_trip() -> None:
     ready = Ready((ModelInfo("m", "embeddings", 32),), 64, "w0", "host", 42, "cuda:0")
-    assert protocol.decode_worker_message(protocol.encode_ready(ready)) == ready
+    assert wire.decode_worker_message(wire.encode_ready(ready)) == ready
     heartbeat = Heartbeat({"m": BatchCounters(3, 40)})
-    assert protocol.decode_worker_message(protocol.encode_heartbeat(heartbeat)) == heartbeat
-    assert protocol.decode_worker_message(protocol.encode_heartbeat()) == Heartbeat()
-    assert protocol.decode_worker_message(protocol.encode_disconnect("bye")) == Disconnect("bye")
+    assert wire.decode_worker_message(wire.encode_heartbeat(heartbeat)) == heartbeat
+    assert wire.decode_worker_message(wire.encode_heartbeat()) == Heartbeat()
+    assert wire.decode_worker_message(wire.encode_disconnect("bye")) == Disconnect("bye")
 
 
 def test_client_control_messages() -> None:
-    assert protocol.decode_client_message(protocol.encode_cancel(b"r1")) == Cancel(b"r1")
-    assert protocol.decode_client_message(protocol.encode_stats_query(b"r2")) == StatsQuery(b"r2")
+    assert wire.decode_client_message(wire.encode_cancel(b"r1")) == Cancel(b"r1")
+    assert wire.decode_client_message(wire.encode_stats_query(b"r2")) == StatsQuery(b"r2")
 
 
 def _meta(**fields: object) -> bytes:
@@ -85,26 +85,26 @@ def _meta(**fields: object) -> bytes:
 )
 def test_client_decoder_rejects(frames: list[bytes], complaint: str) -> None:
     with pytest.raises(ProtocolError, match=None) as info:
-        protocol.decode_client_message(frames)
+        wire.decode_client_message(frames)
     assert complaint in str(info.value)
 
 
 def test_worker_decoder_rejects_client_commands_and_bad_ready() -> None:
     with pytest.raises(ProtocolError, match="not allowed from a worker"):
-        protocol.decode_worker_message(protocol.encode_stats_query(b"x"))
+        wire.decode_worker_message(wire.encode_stats_query(b"x"))
     with pytest.raises(ProtocolError, match="at least one model"):
-        protocol.decode_worker_message([protocol.HEADERS[Command.READY], _meta(models=[], capacity=4)])
+        wire.decode_worker_message([wire.HEADERS[Command.READY], _meta(models=[], capacity=4)])
     bad_model = _meta(models=[{"name": "m", "task": "t", "max_batch_size": 0}], capacity=4)
     with pytest.raises(ProtocolError, match="max_batch_size"):
-        protocol.decode_worker_message([protocol.HEADERS[Command.READY], bad_model])
+        wire.decode_worker_message([wire.HEADERS[Command.READY], bad_model])
     with pytest.raises(ProtocolError, match="unknown status"):
-        protocol.decode_reply([protocol.HEADERS[Command.REPLY], b"id", _meta(status="meh"), b""])
+        wire.decode_reply([wire.HEADERS[Command.REPLY], b"id", _meta(status="meh"), b""])
 
 
 def test_request_id_is_recovered_from_malformed_messages() -> None:
-    assert protocol.request_id_of([b"ZB\x09\x02", b"abc"]) == b"abc"
-    assert protocol.request_id_of([b"junk"]) is None
-    assert protocol.request_id_of([b"ZB\x01\x02", b"x" * 100]) is None
+    assert wire.request_id_of([b"ZB\x09\x02", b"abc"]) == b"abc"
+    assert wire.request_id_of([b"junk"]) is None
+    assert wire.request_id_of([b"ZB\x01\x02", b"x" * 100]) is None
 
 
 def test_payload_arrays_travel_as_little_endian_bytes() -> None:
@@ -142,8 +142,8 @@ def test_payload_rejects_garbage_and_oversize() -> None:
 
 def test_priority_and_trace_are_optional_and_checked() -> None:
     request = Request(b"id", "m", 1, b"", None, 0, "abc-1")
-    assert protocol.decode_client_message(protocol.encode_request(request)) == request
-    assert len(protocol.encode_request(Request(b"id", "m", 1, b""))[2]) < 20  # defaults are not sent
+    assert wire.decode_client_message(wire.encode_request(request)) == request
+    assert len(wire.encode_request(Request(b"id", "m", 1, b""))[2]) < 20  # defaults are not sent
     for meta in (_meta(model="m", items=1, priority=3), _meta(model="m", items=1, trace="a\nb")):
         with pytest.raises(ProtocolError):
-            protocol.decode_client_message([b"ZB\x01\x02", b"id", meta, b""])
+            wire.decode_client_message([b"ZB\x01\x02", b"id", meta, b""])

@@ -23,7 +23,7 @@ probe that ends any other way (an error, a timeout, the caller giving up)
 closes it too, so it can never stick.  Priorities are separate keys: a flood
 of low-priority requests never gets high-priority ones refused here.
 
-Plain state with no I/O, driven by :class:`broker.client.AsyncClient`.
+Plain state with no I/O, driven by :class:`zbatch.client.AsyncClient`.
 """
 
 from __future__ import annotations

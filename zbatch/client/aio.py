@@ -14,81 +14,25 @@ timeout plus a grace period for the broker's own deadline answer.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import os
 import random
 import struct
-import threading
 import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from broker import multipart, payloads, protocol
-from broker.breaker import OverloadBreaker, Ticket
-from broker.curve import CurveKeys
-from broker.protocol import Reply, Request, Status
-
+from zbatch.client.breaker import OverloadBreaker, Ticket
+from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, raise_for_status
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import Reply, Request, Status
+from zbatch.runtime import sockets
+from zbatch.runtime.curve import CurveKeys
 
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
-
-
-class ZBatchError(Exception):
-    """A request that did not succeed; ``status`` is the protocol status, if the broker gave one."""
-
-    status: Status | None = None
-
-    def __init__(self, message: str, retry_after_ms: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after_ms = retry_after_ms
-
-
-class BadRequest(ZBatchError):
-    status = Status.BAD_REQUEST
-
-
-class UnknownModel(ZBatchError):
-    status = Status.UNKNOWN_MODEL
-
-
-class Overloaded(ZBatchError):
-    status = Status.OVERLOADED
-
-
-class NoWorker(ZBatchError):
-    status = Status.NO_WORKER
-
-
-class DeadlineExceeded(ZBatchError):
-    status = Status.DEADLINE_EXCEEDED
-
-
-class WorkerError(ZBatchError):
-    status = Status.WORKER_ERROR
-
-
-class WorkerLost(ZBatchError):
-    status = Status.WORKER_LOST
-
-
-class BrokerUnavailable(ZBatchError):
-    """The broker is not connected or did not answer in time."""
-
-
-ERRORS_BY_STATUS: dict[Status, type[ZBatchError]] = {
-    cls.status: cls
-    for cls in (BadRequest, UnknownModel, Overloaded, NoWorker, DeadlineExceeded, WorkerError, WorkerLost)
-    if cls.status is not None
-}
-
-
-def raise_for_status(reply: Reply) -> None:
-    if reply.status is not Status.OK:
-        raise ERRORS_BY_STATUS[reply.status](reply.message, reply.retry_after_ms)
 
 
 class AsyncClient:
@@ -111,7 +55,7 @@ class AsyncClient:
 
         ``fail_fast_overload``: once the broker refuses a model as overloaded, refuse further
         requests for it (at that priority) here, at once, while one of them asks the broker
-        again (see :mod:`broker.breaker`); they get the same ``overloaded`` answer, sooner.
+        again (see :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
         """
         self.endpoint = endpoint
         self.connect_timeout_ms = connect_timeout_ms
@@ -151,7 +95,7 @@ class AsyncClient:
         parameters: dict[str, Any] | None = None,
         *,
         timeout_ms: int | None = None,
-        priority: int = protocol.NORMAL_PRIORITY,
+        priority: int = wire.NORMAL_PRIORITY,
         trace: str = "",
     ) -> list[Any]:
         """Run ``inputs`` through ``model``; one output per input, arrays as numpy.
@@ -175,7 +119,7 @@ class AsyncClient:
         raise_for_status(reply)
         try:
             outputs = payloads.decode_payload(reply.payload)["outputs"]
-        except (protocol.ProtocolError, KeyError, TypeError) as exc:
+        except (wire.ProtocolError, KeyError, TypeError) as exc:
             raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
         return list(outputs)
 
@@ -186,7 +130,7 @@ class AsyncClient:
         *,
         items: int,
         timeout_ms: int | None = None,
-        priority: int = protocol.NORMAL_PRIORITY,
+        priority: int = wire.NORMAL_PRIORITY,
         trace: str = "",
     ) -> Reply:
         """Send one raw request and return its reply, whatever the status.
@@ -202,7 +146,7 @@ class AsyncClient:
                          "for it moments ago and is being asked again; retry later",
                          retry_after_ms=self._breaker.retry_after_ms.get(key))
         request_id = self._new_id()
-        frames = protocol.encode_request(Request(request_id, model, items, payload, timeout_ms, priority, trace))
+        frames = wire.encode_request(Request(request_id, model, items, payload, timeout_ms, priority, trace))
         wait_ms = (self.timeout_ms if timeout_ms is None else timeout_ms) + self.reply_grace_ms
         reply: Reply | None = None
         try:
@@ -216,7 +160,7 @@ class AsyncClient:
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
         """The broker's statistics: models, backlogs, workers, batches."""
         request_id = self._new_id()
-        reply = await self._exchange(request_id, protocol.encode_stats_query(request_id), timeout_ms)
+        reply = await self._exchange(request_id, wire.encode_stats_query(request_id), timeout_ms)
         raise_for_status(reply)
         stats: dict[str, Any] = payloads.decode_payload(reply.payload)
         return stats
@@ -284,7 +228,7 @@ class AsyncClient:
     def _try_send(self, frames: list[bytes]) -> bool:
         """A non-blocking send through the synchronous view: no future per message."""
         try:
-            multipart.send(self._sync, frames)
+            sockets.send_frames(self._sync, frames)
         except zmq.Again:
             return False
         # The socket's descriptor is edge-triggered, and this send may have consumed the
@@ -297,7 +241,7 @@ class AsyncClient:
 
         If it cannot be sent now, the broker's deadline cleans up instead.
         """
-        self._try_send(protocol.encode_cancel(request_id))
+        self._try_send(wire.encode_cancel(request_id))
 
     def _ensure_receiver(self) -> None:
         """Replies are taken by a reader on the socket's descriptor: no task or future per wakeup."""
@@ -335,67 +279,13 @@ class AsyncClient:
         it also re-arms the edge-triggered descriptor, so the next reply wakes the reader.
         """
         while zmq.zmq_poll(self._poll_in, 0):
-            self._deliver(multipart.recv(self._sync))
+            self._deliver(sockets.recv_frames(self._sync))
 
     def _deliver(self, frames: list[bytes]) -> None:
         try:
-            reply = protocol.decode_reply(frames)
-        except protocol.ProtocolError:
+            reply = wire.decode_reply(frames)
+        except wire.ProtocolError:
             return  # not ours to answer; the matching request will time out
         future = self._pending.get(reply.request_id)
         if future is not None and not future.done():
             future.set_result(reply)
-
-
-class Client:
-    """The blocking client: an :class:`AsyncClient` on a private event-loop thread.
-
-    Calls block until their answer; :meth:`submit` returns a
-    ``concurrent.futures.Future`` instead, so many requests can be pipelined
-    from plain threads.  Use as a context manager, or call :meth:`close`.
-    """
-
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="zbatch-client", daemon=True)
-        self._thread.start()
-        self._async = self._call(self._make(endpoint, options))
-
-    @staticmethod
-    async def _make(endpoint: str, options: dict[str, Any]) -> AsyncClient:
-        return AsyncClient(endpoint, context=zmq.asyncio.Context(), **options)
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def submit(self, model: str, inputs: list[Any], parameters: dict[str, Any] | None = None,
-               **options: Any) -> concurrent.futures.Future[list[Any]]:
-        """Send now, answer later: ``.result()`` gives the outputs or raises the typed error."""
-        return asyncio.run_coroutine_threadsafe(self._async.infer(model, inputs, parameters, **options), self._loop)
-
-    def infer(self, model: str, inputs: list[Any], parameters: dict[str, Any] | None = None,
-              **options: Any) -> list[Any]:
-        """Run ``inputs`` through ``model`` and wait; same options as :meth:`AsyncClient.infer`.
-
-        A ``timeout`` (seconds) given to ``.result()`` of :meth:`submit` is the way to
-        stop waiting early; cancelling that future cancels the request at the broker.
-        """
-        return self.submit(model, inputs, parameters, **options).result()
-
-    def stats(self) -> dict[str, Any]:
-        return self._call(self._async.stats())
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            context = self._async._context
-            self._call(self._async.close())
-            context.term()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.client import AsyncClient, ZBatchError
-from broker.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
-from broker.settings import check_endpoint, load, option
+from zbatch.client import AsyncClient, ZBatchError
+from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
+from zbatch.runtime.settings import check_endpoint, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 STATS_TIMEOUT_MS = 2_000

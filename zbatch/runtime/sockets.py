@@ -28,7 +28,7 @@ _MORE = zmq.SNDMORE | zmq.NOBLOCK
 _LAST = zmq.NOBLOCK
 
 
-def send(socket: zmq.Socket, frames: Sequence[bytes]) -> None:  # type: ignore[type-arg]
+def send_frames(socket: zmq.Socket, frames: Sequence[bytes]) -> None:  # type: ignore[type-arg]
     """Send ``frames`` as one message now, or raise ``zmq.Again``."""
     last = len(frames) - 1
     for index in range(last):
@@ -36,7 +36,7 @@ def send(socket: zmq.Socket, frames: Sequence[bytes]) -> None:  # type: ignore[t
     _send(socket, frames[last], _LAST)
 
 
-def recv(socket: zmq.Socket) -> list[bytes]:  # type: ignore[type-arg]
+def recv_frames(socket: zmq.Socket) -> list[bytes]:  # type: ignore[type-arg]
     """The next whole message, or ``zmq.Again`` if none is queued.
 
     Frames are received as ``zmq.Frame`` only to read their ``more`` flag,

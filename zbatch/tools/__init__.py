@@ -1,0 +1,1 @@
+"""Small commands around the daemons: ``zbatch-status`` (a live view) and ``zbatch-keys`` (CURVE key pairs)."""
