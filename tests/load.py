@@ -69,7 +69,7 @@ class Load:
                     body = await r.json()
                     code = "ok" if r.status == 200 else body["error"]["code"]
                     status = r.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status, code = 0, type(exc).__name__
             self.answers.append(Answer(started, time.monotonic() - started, status, code))
             if status != 200:

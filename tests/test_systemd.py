@@ -68,7 +68,7 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         stub.write_text("#!/bin/sh\n")
         stub.chmod(0o755)
     units = []
-    for source in sorted(UNITS.glob("zbatch*.service")) + [UNITS / "zbatch.target"]:
+    for source in [*sorted(UNITS.glob("zbatch*.service")), UNITS / "zbatch.target"]:
         copy = tmp_path / source.name
         copy.write_text(source.read_text().replace("/opt/zbatch/venv/bin/", f"{bin_dir}/"))
         units.append(str(copy))

@@ -5,43 +5,33 @@ Theory of operation
 Items wait in the worker until the model is free.  When it is, the policy
 answers one question: run what is pending now, or wait a little for more?
 
-* A batch is cut at ``max_batch_size`` items, at once.
-* Otherwise the batch has ONE deadline, ``max_delay`` after it could first
-  start: its oldest item's arrival on an idle model, or the moment the model
-  freed for items that queued behind a busy one.  Later arrivals never push
-  it back (the Hugging Face guide's loop restarted its timeout on every item,
-  so a steady trickle could postpone a batch forever).
-* Queued items used to run the moment the model freed.  With closed-loop
-  clients that locks in: one early client's item runs alone while the last
-  batch's other clients are still sending again, they become the next batch,
-  and the two alternate for good.  On a simulated accelerator (20 ms a
-  batch) that halved throughput; one window from the model freeing gave
-  0.72x and 0.86x of full batches at 8 and 32 clients instead of 0.50x and
-  0.54x (``python -m scripts.benchmarks.delay``).
-* Waiting only pays if more items will come within the window.  The policy
-  estimates the recent rate of *concurrent* arrivals, items that came while
-  the worker already held others; if fewer than ``WAIT_THRESHOLD`` more are
-  expected before the deadline, it runs now, so a lone request on a quiet
-  worker is not delayed.  Counting every arrival was wrong for a lone
-  closed-loop client: it cannot send again until answered, yet a fast model
-  made it look like traffic worth waiting for (its requests alone reach
-  100/s with a 10 ms model, 0.5 expected in 5 ms), and it then waited the
-  whole window on every request.  Its arrivals always find the worker empty,
-  so now they never count.  Eight clients: 7 of each 8 arrive next to others.
-* Waiting never lasts longer than what it can save: the model's fixed cost
-  per batch.  Idling the model for ``w`` to merge the next items into this
-  batch costs ``w``; running now and those items as a batch of their own
-  costs one more fixed cost.  So the window is ``min(max_delay, fixed)``,
-  with ``fixed`` fitted as ``time = fixed + per_item * items`` through the
-  recent time of each batch size (:class:`BatchCost`).  A 2 ms model on a
-  5 ms delay waited longer than the batch it waited for: with the cap, 2 and
-  8 closed-loop clients got 1.4-1.7x the throughput, 32 lost 3-13 % (there
-  the full 5 ms gathered every returning client into one batch); a 20 ms
-  model still waits the full 5 ms (``python -m scripts.benchmarks.delay``).
-  Until batches of two sizes have run, the fit is unknown and the window is
-  ``max_delay``.  The fit changes only when a batch ends, which starts a new
-  window, so each batch keeps its one deadline.
-* ``max_delay == 0`` means never wait.
+1. A batch is cut at ``max_batch_size`` items, at once.
+2. Otherwise the batch has ONE deadline, a window after it could first
+   start: its oldest item's arrival on an idle model, or the moment the model
+   freed for items that queued behind a busy one.  Later arrivals never push
+   the deadline back, so a steady trickle cannot postpone a batch forever.
+3. The window opens when the model frees, not when the first queued item
+   arrived: closed-loop clients whose answers just left need one round trip to
+   send again, and a window counted from an older arrival would run the early
+   ones alone and lock the clients into alternating small and large batches.
+4. Waiting only pays if more items will come within the window.  The policy
+   estimates the recent rate of *concurrent* arrivals, items that came while
+   the worker already held others of this model; if fewer than
+   ``WAIT_THRESHOLD`` more are expected before the deadline, it runs now.  A
+   lone closed-loop client never counts (its requests always find the worker
+   empty), so it never waits, however fast it sends.
+5. The window is ``min(max_delay, fixed)``, where ``fixed`` is the model's
+   fixed cost per batch: idling the model for ``w`` to merge the next items
+   costs ``w``, while running now and those items as a batch of their own
+   costs one more fixed cost, so waiting longer than ``fixed`` never pays.
+   ``fixed`` is fitted as ``time = fixed + per_item * items`` through the
+   recent time of each batch size (:class:`BatchCost`); until batches of two
+   sizes have run, the window is ``max_delay``.  The fit changes only when a
+   batch ends, which starts a new window, so each batch keeps its one deadline.
+6. ``max_delay == 0`` means never wait.
+
+``python -m scripts.benchmarks.delay`` measures these rules on a simulated
+accelerator behind the real broker and worker; BENCHMARKS.md keeps the figures.
 """
 
 from __future__ import annotations

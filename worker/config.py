@@ -55,7 +55,8 @@ class WorkerConfig:
         "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
     )
     curve_secret_key_file: str = option(
-        "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+        "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows",
+        check=check_secret_key_file
     )
 
     def __post_init__(self) -> None:

@@ -1,8 +1,9 @@
 """The inference thread: the only thread in a worker process that touches torch.
 
 It loads the model, warms it up and runs every batch, so torch is driven
-from one OS thread (a second thread calling torch after the main one did was
-measured 2.5x slower).  The asyncio I/O loop hands it one batch at a time
+from one OS thread (torch's thread pools are per calling thread: a second
+thread calling torch pays for its own pool and contends with the first).
+The asyncio I/O loop hands it one batch at a time
 and hears back through ``call_soon_threadsafe``; it never waits on torch.
 
 A batch that raises is split in halves and retried until the failing inputs

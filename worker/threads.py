@@ -5,27 +5,25 @@ Theory of operation
 Torch splits each operator across its threads and waits for the slowest one.
 When other processes take a core (the gateway and broker answering a retry
 storm, a load generator, a neighbour), one of those threads is descheduled and
-the whole pass waits for it.  Measured here (all-MiniLM-L6-v2, batches of 32,
-2 cores, ``python -m scripts.benchmarks.contention``):
-
-    busy processes next to it     0        1        2
-    2 torch threads            253 ms   482 ms  1136 ms
-    1 torch thread             420 ms   421 ms   626 ms
+the whole pass waits for it, so a contended batch can run slower on all the
+cores than on one (``python -m scripts.benchmarks.contention`` measures it).
 
 So the worker runs with its full thread count while the machine is quiet and
-with one thread while it is contended.  The runner's cost model, calibrated at
-warm-up, says how long each batch would take on the full thread count; the
-*slowdown* of a batch is its real time over that.  The governor keeps the
-slowdowns of the last few batches at the current thread count.  When their
-median says something is wrong (full count, median at least SUSPECT_SLOWDOWN)
-or now and then anyway (one thread: the neighbours may have gone), batches
-run at the other count as a probe.  The other count wins only if
-PROBE_BATCHES probe batches in a row are each clearly faster than the current
-median; then it becomes the current count.  One batch is not enough: batch
-times next to busy neighbours are noisy, and in the open-loop overload one
-lucky batch on 2 threads (against 1.8x on one) moved a worker back to 2
-threads, where its batches took 2.1x, for 7 of 20 seconds.  A losing probe
-doubles the wait before the next one, up to MAX_PROBE_INTERVAL_S.
+with one thread while it is contended:
+
+1. The runner's cost model, calibrated at warm-up, says how long each batch
+   would take on the full thread count; the *slowdown* of a batch is its real
+   time over that.  The governor keeps the slowdowns of the last few batches
+   at the current thread count.
+2. When their median says something is wrong (full count, median at least
+   ``SUSPECT_SLOWDOWN``), or now and then anyway (one thread: the neighbours
+   may have gone), batches run at the other count as a probe.
+3. The other count wins only if ``PROBE_BATCHES`` probe batches in a row are
+   each clearly faster than the current median; then it becomes the current
+   count.  Batch times next to busy neighbours are noisy, and one lucky batch
+   must not move the count.
+4. A losing probe doubles the wait before the next one, up to
+   ``MAX_PROBE_INTERVAL_S``.
 
 Sans I/O: the caller reports each batch and asks for the next count; the
 clock is passed in.  Batches without a modelled time (batch 1, tasks with no
@@ -67,7 +65,7 @@ class ThreadGovernor:
         return self._other() if self._probing else self.current
 
     def observe(self, threads: int, seconds: float, modelled_seconds: float) -> None:
-        """One batch ran on ``threads`` in ``seconds``; at calibration on the full count it took ``modelled_seconds``."""
+        """One batch ran on ``threads`` in ``seconds``; calibration says ``modelled_seconds`` on the full count."""
         if self.full <= 1 or modelled_seconds <= 0:
             return
         slowdown = seconds / modelled_seconds

@@ -40,8 +40,9 @@ async def main() -> None:
                                for n in range(args.concurrency)))
         stats = (await client.stats())["models"][args.model]
     latencies.sort()
+    p99 = latencies[int(len(latencies) * 0.99)]
     print(f"{len(latencies) / args.seconds:.1f} requests/s at concurrency {args.concurrency}; "
-          f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms; "
+          f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms; "
           f"mean batch size {stats['mean_batch_size']}")
 
 

@@ -69,7 +69,7 @@ def test_shedding_at_the_backlog_limit_answers_every_request(small_broker: tuple
         # once the first refusal is back (tests/broker/test_client.py covers that).
         async with AsyncClient(broker.frontend, fail_fast_overload=False) as client:
             calls = (client.infer(MODEL, [f"burst {i} " * 20]) for i in range(40))
-            return await asyncio.gather(*calls, return_exceptions=True)
+            return list(await asyncio.gather(*calls, return_exceptions=True))
 
     results = asyncio.run(burst())
     assert len(results) == 40

@@ -32,7 +32,8 @@ def clock() -> FakeClock:
 
 
 def make_core(clock: FakeClock, **overrides: Any) -> BrokerCore:
-    settings = {"models": (MODEL,), "max_backlog": 8, "timeout_ms": 1000, "no_worker_grace_ms": 500} | overrides
+    settings: dict[str, Any] = {"models": (MODEL,), "max_backlog": 8, "timeout_ms": 1000, "no_worker_grace_ms": 500}
+    settings |= overrides
     return BrokerCore(BrokerConfig(**settings).core_settings(), clock)
 
 
@@ -265,7 +266,7 @@ def test_cancel_removes_a_waiting_request_and_forwards_for_a_running_one(clock: 
     core.client_message(b"C", wire.encode_cancel(b"waiting"))
     assert core.stats()["models"][MODEL]["backlog_items"] == 0
     core.client_message(b"C", wire.encode_cancel(b"running"))
-    [(peer, worker, frames)] = take(core)
+    [(peer, _worker, frames)] = take(core)
     assert peer is Peer.WORKER and wire.decode_broker_to_worker(frames) == wire.Cancel(job.request_id)
     worker_reply(core, b"W1", job.request_id, Status.CANCELLED)
     assert client_replies(take(core)) == []
@@ -389,7 +390,7 @@ def test_draining_worker_gets_no_new_work_and_its_clean_exit_charges_nothing(clo
     send(core, b"held")
     take(core)
     core.worker_message(b"W1", wire.encode_drain())
-    [(peer, identity, frames)] = take(core)
+    [(_peer, _identity, frames)] = take(core)
     assert isinstance(wire.decode_broker_to_worker(frames), wire.Drain)
     send(core, b"new")
     assert dispatched(take(core)) == []

@@ -198,7 +198,8 @@ def test_settings_must_come_together(keys: Keys, tmp_path: Path) -> None:
                   ["--curve-clients-dir", str(keys.clients), "--curve-workers-dir", str(keys.workers)],
                   ["--curve-secret-key-file", keys.server, "--curve-clients-dir", str(keys.clients),
                    "--curve-workers-dir", str(keys.workers)]):
-        run = subprocess.run([sys.executable, "-m", "broker", *flags], capture_output=True, text=True, timeout=60, check=False)
+        run = subprocess.run([sys.executable, "-m", "broker", *flags], capture_output=True, text=True, timeout=60,
+                             check=False)
         assert run.returncode == 2, run.stderr
         assert run.stderr.count("\n") == 1 and "curve" in run.stderr, run.stderr
     for module in ("worker", "gateway"):

@@ -75,7 +75,8 @@ def test_the_compiled_pass_really_runs_compiled_modules(log_dir: Path) -> None:
     import zbatch.protocol.wire
 
     build = Path(os.environ[native.ENV]).resolve()
-    for module, folder in ((broker.core, "broker"), (broker.state, "broker"), (zbatch.protocol.wire, "zbatch/protocol")):
+    compiled = ((broker.core, "broker"), (broker.state, "broker"), (zbatch.protocol.wire, "zbatch/protocol"))
+    for module, folder in compiled:
         assert Path(module.__file__ or "").resolve().parent == build / folder, module
         assert (module.__file__ or "").endswith(".so"), module
     daemon = start_broker(log_dir)

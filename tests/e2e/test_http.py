@@ -93,13 +93,15 @@ def test_health_readiness_and_models(stack: dict[str, Daemon]) -> None:
 @pytest.mark.parametrize(
     ("path", "kwargs", "status", "code"),
     [
-        (f"/models/{MODEL}", {"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "bad_request"),
+        (f"/models/{MODEL}", {"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 400,
+         "bad_request"),
         (f"/models/{MODEL}", {"body": {"inputs": 42}}, 400, "bad_request"),
         (f"/models/{MODEL}", {"body": {"inputs": []}}, 400, "bad_request"),
         (f"/models/{MODEL}", {"body": {"inputs": [1, 2]}}, 400, "bad_request"),
         (f"/models/{MODEL}", {"body": {"nothing": "here"}}, 400, "bad_request"),
         (f"/models/{MODEL}", {"body": {"inputs": "x", "parameters": {"bogus": 1}}}, 400, "bad_request"),
-        (f"/models/{MODEL}", {"body": {"inputs": "x"}, "headers": {"X-Request-Timeout-Ms": "soon"}}, 400, "bad_request"),
+        (f"/models/{MODEL}", {"body": {"inputs": "x"}, "headers": {"X-Request-Timeout-Ms": "soon"}}, 400,
+         "bad_request"),
         ("/models/no-such-model", {"body": {"inputs": "x"}}, 404, "unknown_model"),
         (f"/models/{MODEL}", {"data": b"x" * (2 * 1024 * 1024), "headers": {"Content-Type": "application/json"}},
          413, "payload_too_large"),

@@ -11,7 +11,8 @@ from zbatch.protocol.wire import Status
 
 def pending(job_id: bytes, n: int, deadline: float = 100.0, parameters: dict[str, Any] | None = None) -> PendingRequest:
     params = parameters or {}
-    return PendingRequest(job_id, [f"{job_id.decode()}-{i}" for i in range(n)], params, repr(params).encode(), deadline, 0.0)
+    inputs = [f"{job_id.decode()}-{i}" for i in range(n)]
+    return PendingRequest(job_id, inputs, params, repr(params).encode(), deadline, 0.0)
 
 
 def test_batches_cap_items_and_split_requests_across_batches() -> None:

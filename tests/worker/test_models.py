@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -118,7 +119,8 @@ def test_embedder_reports_device_and_spec(embedder: Runner) -> None:
         (["ok"], {"normalize": "yes"}, "normalize"),
     ],
 )
-def test_embeddings_reject_bad_requests(embedder: Runner, inputs: object, parameters: dict, match: str) -> None:
+def test_embeddings_reject_bad_requests(embedder: Runner, inputs: object, parameters: dict[str, Any],
+                                        match: str) -> None:
     with pytest.raises(InputError, match=match):
         embedder.run(inputs, parameters)  # type: ignore[arg-type]
 
@@ -153,7 +155,8 @@ def test_fill_mask_top_k_parameter(fill_mask: Runner) -> None:
         ([b"test [MASK]"], {}, "bytes"),
     ],
 )
-def test_fill_mask_rejects_bad_requests(fill_mask: Runner, inputs: list, parameters: dict, match: str) -> None:
+def test_fill_mask_rejects_bad_requests(fill_mask: Runner, inputs: list[Any], parameters: dict[str, Any],
+                                        match: str) -> None:
     with pytest.raises(InputError, match=match):
         fill_mask.run(inputs, parameters)
 
@@ -209,7 +212,7 @@ def test_zero_shot_classification_needs_candidate_labels(tiny_dir: Path) -> None
     for result in results:
         assert sorted(result["labels"]) == ["cat", "dog", "red"]
         assert all(type(score) is float for score in result["scores"])
-    with pytest.raises(InputError, match="needs the parameter.*'candidate_labels'"):
+    with pytest.raises(InputError, match=r"needs the parameter.*'candidate_labels'"):
         runner.run(["hello world"], {})
     with pytest.raises(InputError, match="'bogus'"):
         runner.run(["hello world"], {"candidate_labels": ["cat"], "bogus": 1})
@@ -220,7 +223,7 @@ def test_zero_shot_classification_needs_candidate_labels(tiny_dir: Path) -> None
 
 def test_unknown_task_is_rejected(tiny_dir: Path) -> None:
     path = make_tiny_bert(tiny_dir, "text-classification")
-    with pytest.raises(ValueError, match="unknown task 'summarise'.*'embeddings'.*pipeline task"):
+    with pytest.raises(ValueError, match=r"unknown task 'summarise'.*'embeddings'.*pipeline task"):
         load_runner(ModelSpec("x", path, task="summarise"))
     with pytest.raises(ValueError, match="plain-text inputs"):
         load_runner(ModelSpec("x", path, task="image-classification"))
@@ -240,7 +243,7 @@ def test_resolve_device_follows_the_host() -> None:
     assert resolve_device("auto") == "cpu"
     assert resolve_device("cpu") == "cpu"
     for device in ("cuda", "cuda:0", "cuda:3"):
-        with pytest.raises(ValueError, match="CUDA is not available.*--device cpu or auto"):
+        with pytest.raises(ValueError, match=r"CUDA is not available.*--device cpu or auto"):
             resolve_device(device)
     for device in ("mps", "cuda:x", "gpu"):
         with pytest.raises(ValueError, match="unsupported device"):

@@ -15,7 +15,8 @@ def test_main_model_only_by_default() -> None:
 
 def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
     config = load_config(["--max-batch-size", "16", "--extra-models",
-                          "name=cls,path=/m/cls,task=text-classification,max_batch_size=4; path=/m/mlm,task=fill-mask"], {})
+                          "name=cls,path=/m/cls,task=text-classification,max_batch_size=4; "
+                          "path=/m/mlm,task=fill-mask"], {})
     slots = model_slots(config)
     assert list(slots) == ["all-MiniLM-L6-v2", "cls", "mlm"]
     assert (slots["cls"].spec.task, slots["cls"].max_batch_size) == ("text-classification", 4)

@@ -58,7 +58,8 @@ def test_client_control_messages() -> None:
 
 
 def _meta(**fields: object) -> bytes:
-    return msgpack.packb(fields)
+    packed: bytes = msgpack.packb(fields)
+    return packed
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,8 @@ GOOD_DTYPES = ("<f4", "<f8", "|u1", "|b1", "<i8", "<f2", "|i1")
 
 
 def _packb(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()

@@ -62,6 +62,6 @@ def load_runner(spec: ModelSpec) -> Runner:
     if spec.dtype == "bfloat16" and device == "cpu" and devices.cpu_lacks_native_bfloat16():
         log.warning("model %s: this CPU has neither AVX512-BF16 nor AMX, so torch emulates bfloat16 and it may "
                     "run slower than float32; measure it, or give this model dtype float32", spec.name)
-    runner = runner_class(spec.task)(spec, device, dtype)
+    runner: Runner = runner_class(spec.task)(spec, device, dtype)
     runner.warm_up()
     return runner

@@ -40,12 +40,10 @@ def resolve_device(requested: str) -> str:
 def torch_dtype(requested: str, device: str) -> torch.dtype:
     """Map the dtype option to torch: "auto" is float32; float16 is CUDA-only, bfloat16 runs anywhere.
 
-    bfloat16 is opt-in on every device because it changes the outputs (here
-    all-MiniLM-L6-v2's embeddings stayed within cosine 0.9999 of float32).  On
-    a CPU with AVX512-BF16 or AMX it is 2-3x faster than float32 (this host:
-    179 against 95 texts/s at batch 1, 318 against 101 at batch 32); without
-    them torch emulates it, so :func:`load_runner` warns.  float16 on a CPU ran
-    at 30 texts/s against 109 for float32 here (batch 8), so it stays CUDA-only.
+    bfloat16 is opt-in on every device because it changes the outputs slightly.
+    On a CPU with AVX512-BF16 or AMX it is several times faster than float32;
+    without them torch emulates it, so loading warns.  float16 on a CPU is
+    emulated and slower than float32, so it is refused there.
     """
     import torch
 
@@ -58,7 +56,8 @@ def torch_dtype(requested: str, device: str) -> torch.dtype:
             f"dtype 'float16' needs a CUDA device but the model runs on {device}, where it is several times "
             "slower than float32; use --dtype float32, or bfloat16 on a CPU with AVX512-BF16 or AMX"
         )
-    return getattr(torch, requested)
+    dtype: torch.dtype = getattr(torch, requested)
+    return dtype
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:

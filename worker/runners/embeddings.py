@@ -98,6 +98,7 @@ class EmbeddingRunner:
 
         shape = (rows, min(tokens, self.max_length))
         word_id = self._tokenizer.convert_tokens_to_ids(self._tokenizer.unk_token or "a")
+        assert isinstance(word_id, int)  # one token in, one id out
         batch = {"input_ids": torch.full(shape, word_id, device=self.device),
                  "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device)}
         started = time.perf_counter()

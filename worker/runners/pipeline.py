@@ -147,7 +147,7 @@ def _pipeline_task(task: str) -> str:
             f"task {task!r} does not take plain-text inputs; zbatch serves {EMBEDDINGS_TASK!r} and "
             f"{', '.join(PIPELINE_TASKS)}"
         )
-    return canonical
+    return str(canonical)
 
 
 def _accepted_parameters(pipe: Any, task: str) -> frozenset[str] | None:

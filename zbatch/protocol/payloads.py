@@ -65,7 +65,8 @@ def _decode_extension(code: int, data: bytes) -> np.ndarray:
 
 def encode_payload(value: Any) -> bytes:
     """msgpack with numpy arrays as raw little-endian bytes (extension type 1)."""
-    return msgpack.packb(value, use_bin_type=True, default=_encode_extension)
+    packed: bytes = msgpack.packb(value, use_bin_type=True, default=_encode_extension)
+    return packed
 
 
 def decode_payload(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:

@@ -60,7 +60,8 @@ def verdict(directory: str | None, root: Path = SOURCE_ROOT) -> str | None:
     tag = sys.implementation.cache_tag
     if not isinstance(built, dict) or built.get("cache_tag") != tag:
         return f"interpreted: the build in {directory} is not for this Python ({tag}); {rebuild}"
-    built_sources = built.get("sources") if isinstance(built.get("sources"), dict) else {}
+    recorded = built.get("sources")
+    built_sources: dict[str, object] = recorded if isinstance(recorded, dict) else {}
     stale = [name for name, digest in source_digests(root).items() if built_sources.get(name) != digest]
     if stale:
         return f"interpreted: the build in {directory} predates changes to {', '.join(stale)}; {rebuild}"

@@ -36,7 +36,8 @@ class StatusConfig:
         "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
     )
     curve_secret_key_file: str = option(
-        "", "this client's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+        "", "this client's CURVE key pair (NAME.key_secret), whose public key the broker allows",
+        check=check_secret_key_file
     )
 
     def __post_init__(self) -> None:
