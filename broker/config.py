@@ -23,6 +23,9 @@ class BrokerConfig:
         "tcp://127.0.0.1:5556", "ZeroMQ endpoint workers connect to", check=check_endpoint
     )
     max_backlog: int = option(256, "items waiting per model before new requests are refused (503)", minimum=1)
+    max_backlog_bytes: int = option(
+        128 * 1024 * 1024, "payload bytes waiting per model before new requests are refused (503)", minimum=1024
+    )
     priority_reserve: float = option(
         0.25, "share of max_backlog by which low priority is refused earlier and high priority later",
         minimum=0, check=lambda v: None if v < 1 else "must be below 1 (low priority needs some room)",
@@ -43,6 +46,9 @@ class BrokerConfig:
     models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
     max_message_bytes: int = option(
         16 * 1024 * 1024, "largest client message (all frames); larger ones are refused unread", minimum=1024
+    )
+    max_client_requests: int = option(
+        4096, "unanswered requests one client connection may hold; more are refused (503)", minimum=1
     )
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
@@ -65,12 +71,14 @@ class BrokerConfig:
 
     def core_settings(self) -> CoreSettings:
         """The part of this configuration the routing core uses, with per-model limits parsed."""
-        defaults = ModelLimits(self.max_backlog, self.timeout_ms, self.max_timeout_ms)
+        defaults = ModelLimits(self.max_backlog, self.max_backlog_bytes, self.timeout_ms, self.max_timeout_ms)
         return CoreSettings(
-            max_backlog=self.max_backlog, priority_reserve=self.priority_reserve, timeout_ms=self.timeout_ms,
+            max_backlog=self.max_backlog, max_backlog_bytes=self.max_backlog_bytes,
+            priority_reserve=self.priority_reserve, timeout_ms=self.timeout_ms,
             max_timeout_ms=self.max_timeout_ms, no_worker_grace_ms=self.no_worker_grace_ms,
             heartbeat_ms=self.heartbeat_ms, heartbeat_liveness=self.heartbeat_liveness,
-            max_retries=self.max_retries, max_message_bytes=self.max_message_bytes, models=self.models,
+            max_retries=self.max_retries, max_message_bytes=self.max_message_bytes,
+            max_client_requests=self.max_client_requests, models=self.models,
             model_limits=parse_model_limits(self.model_limits, defaults),
         )
 

@@ -20,28 +20,38 @@ A client request goes through these states::
         |                   --deadline--> answered "deadline exceeded"; the
         |                                 worker's late reply is dropped
         +--worker dies--> WAITING again at the head of the backlog, while
-                          its retry budget lasts; then "worker lost";
-                          after two deaths "worker error" (poison input)
+                          its retry budget lasts; then "worker lost"; a
+                          crash while it ran alone: "worker error" (poison)
 
 A job whose worker died may be what killed it (a poison input).  It is
 dispatched again only to an idle worker, which gets nothing else until it
-answers: so a poison input takes no innocent neighbours down with it twice,
-and its second death charges only itself.
+answers: so a poison input takes no innocent neighbours down with it twice.
+If that worker crashes too (its connection drops, or it reports itself
+stuck), the input is the likely cause and the job is answered "worker
+error".  A worker that merely goes silent (its host or network is gone)
+says nothing about the input: the job is retried while the budget lasts.
 
-Shedding is decided first, at admission, by counting items: nothing is
-queued past ``max_backlog``.  Credit is counted in items: a worker announces
-its capacity in READY, each dispatched request takes its items, each REPLY
-gives them back.  A request that is answered early (deadline, cancel) keeps
-its worker's credit until that worker replies or is declared dead, so the
-broker never overfills a worker.
+Shedding is decided first, at admission (:mod:`broker.admission`), by
+counting items and payload bytes: nothing is queued past the model's limits.
+Credit is counted in items: a worker announces its capacity in READY, each
+dispatched request takes its items, each REPLY gives them back.  A request
+that is answered early (deadline, cancel) keeps its worker's credit until
+that worker replies or is declared dead, so the broker never overfills a
+worker; its payload is let go at once.  A worker still holding a request
+``OVERDUE_S`` after the request's deadline is removed as stuck (the sweep
+every ``SWEEP_EVERY_S`` finds it).
+
+Memory is bounded by configuration: backlogs in items and bytes, unanswered
+requests per client connection, models per worker (at decode), and models
+nobody serves are forgotten after ``FORGET_MODEL_S``.
 
 Workers are expired by silence (``heartbeat_ms * heartbeat_liveness``)
 whether idle or busy; the core sends them a HEARTBEAT every interval.
+Clients may send HEARTBEAT too, and get one back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import heapq
 import itertools
@@ -53,11 +63,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker import admission, stats
+from broker.admission import Refusal
 from broker.limits import ModelLimits
 from broker.state import Job, ModelState, WorkerState
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import (
-    NORMAL_PRIORITY,
     Cancel,
     Disconnect,
     Drain,
@@ -69,6 +80,7 @@ from zbatch.protocol.wire import (
     StatsQuery,
     Status,
 )
+from zbatch.runtime.logs import LogLimiter
 
 log = logging.getLogger("zbatch.broker")
 
@@ -79,9 +91,10 @@ class Peer(enum.Enum):
 
 
 Outgoing = tuple[Peer, bytes, list[bytes]]
-RETRY_AFTER_MS = 1_000
-POISON_DEATHS = 2  # a request in flight on this many dying workers is treated as the cause
-LOG_EVERY_S = 10.0
+OVERDUE_S = 120.0  # a worker still holding a request this long after its deadline is stuck
+FORGET_MODEL_S = 300.0  # a model nobody serves or waits for is forgotten this long after its last worker left
+SWEEP_EVERY_S = 10.0  # how often overdue workers and idle models are looked for
+CRASHES = frozenset({"disconnected", "unreachable", "restarted"})  # removals that may be a job's doing
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +102,7 @@ class CoreSettings:
     """What the core needs to know of the broker's configuration (built by ``BrokerConfig.core_settings``)."""
 
     max_backlog: int = 256
+    max_backlog_bytes: int = 128 * 1024 * 1024
     priority_reserve: float = 0.25
     timeout_ms: int = 30_000
     max_timeout_ms: int = 60_000
@@ -97,6 +111,7 @@ class CoreSettings:
     heartbeat_liveness: int = 3
     max_retries: int = 1
     max_message_bytes: int = 16 * 1024 * 1024
+    max_client_requests: int = 4_096
     models: tuple[str, ...] = ()
     model_limits: dict[str, ModelLimits] = field(default_factory=dict)  # models with limits of their own
 
@@ -111,20 +126,22 @@ class BrokerCore:
         self.workers: dict[bytes, WorkerState] = {}
         self.jobs: dict[bytes, Job] = {}
         self.by_client: dict[tuple[bytes, bytes], Job] = {}
+        self.unanswered: Counter[bytes] = Counter()  # by client connection
         self.draining = False
         # For the metrics: the broker's own error answers by status, and workers removed by reason.
         self.rejections: Counter[Status] = Counter()
         self.removals: Counter[str] = Counter()
+        self.logs = LogLimiter(log, clock)
         self._timers: list[tuple[float, int, Job]] = []
         self._timer_order = itertools.count()
         self._job_ids = itertools.count()
         # Job ids carry a random epoch so a restarted broker never reuses ids a worker still holds.
         self._epoch = os.urandom(4)
-        self._default_limits = ModelLimits(config.max_backlog, config.timeout_ms, config.max_timeout_ms)
-        self._model_limits = config.model_limits
+        self._default_limits = ModelLimits(config.max_backlog, config.max_backlog_bytes, config.timeout_ms,
+                                           config.max_timeout_ms)
         self._told_to_register: dict[bytes, float] = {}
         self._next_heartbeat = self.started_at
-        self._last_log: dict[str, float] = {}
+        self._next_sweep = self.started_at + SWEEP_EVERY_S
 
     # ---------------------------------------------------------------- events
 
@@ -142,14 +159,15 @@ class BrokerCore:
         elif isinstance(message, Cancel):
             self._cancel(client, message.request_id)
         elif isinstance(message, StatsQuery):
-            payload = payloads.encode_payload(self.stats())
-            self._send_client(client, Reply(message.request_id, Status.OK, "", payload))
+            self._answer_stats(client, message.request_id)
+        elif isinstance(message, Heartbeat):
+            self.outbox.append((Peer.CLIENT, client, wire.encode_heartbeat()))
 
     def worker_message(self, identity: bytes, frames: list[bytes]) -> None:
         try:
             message = wire.decode_worker_message(frames)
         except ProtocolError as exc:
-            self._log_limited("bad-worker-frame", "dropped a malformed message from a worker: %s", exc)
+            self.logs.log("bad-worker-frame", logging.WARNING, "dropped a malformed message from a worker: %s", exc)
             return
         if isinstance(message, Ready):
             self._register(identity, message)
@@ -163,7 +181,9 @@ class BrokerCore:
         if isinstance(message, Reply):
             self._worker_reply(worker, message, frames)
         elif isinstance(message, Heartbeat):
-            worker.batches.update(message.batches)
+            # Counters only for the models it serves: other names would pile up.
+            worker.batches.update((name, counters) for name, counters in message.batches.items()
+                                  if name in worker.ready_models)
         elif isinstance(message, Drain):
             # Ordered delivery makes the acknowledgement a promise: no REQUEST follows it.
             worker.draining = True
@@ -189,7 +209,7 @@ class BrokerCore:
         self.outbox.append((Peer.WORKER, identity, wire.encode_disconnect("not registered")))
 
     def tick(self) -> None:
-        """Fire whatever is due: deadlines, worker expiry, heartbeats."""
+        """Fire whatever is due: deadlines, worker expiry, heartbeats, the sweep of overdue workers and idle models."""
         now = self.clock()
         while self._timers and self._timers[0][0] <= now:
             _, _, job = heapq.heappop(self._timers)
@@ -201,10 +221,14 @@ class BrokerCore:
             heartbeat = wire.encode_heartbeat()
             self.outbox.extend((Peer.WORKER, identity, heartbeat) for identity in self.workers)
             self._next_heartbeat = now + self.config.heartbeat_ms / 1000
+        if now >= self._next_sweep:
+            self._remove_overdue_workers(now)
+            self._forget_idle_models(now)
+            self._next_sweep = now + SWEEP_EVERY_S
 
     def next_wakeup(self) -> float:
         """The clock time at which ``tick`` has something to do."""
-        wakeup = self._next_heartbeat
+        wakeup = min(self._next_heartbeat, self._next_sweep)
         if self._timers:
             wakeup = min(wakeup, self._timers[0][0])
         if self.workers:
@@ -212,9 +236,12 @@ class BrokerCore:
         return wakeup
 
     def unreachable(self, peer: Peer, identity: bytes) -> None:
-        """The shell could not deliver to this peer (it is gone)."""
+        """The shell could not deliver to this peer: a worker is gone; a client is not reading."""
         if peer is Peer.WORKER:
             self.remove_worker(identity, "unreachable")
+        else:
+            self.logs.log("client-not-reading", logging.WARNING, "dropped an answer to client %s: it is gone or "
+                          "not reading (its send queue is full)", identity.hex())
 
     def begin_drain(self) -> None:
         """Stop admitting; work already admitted continues."""
@@ -233,18 +260,16 @@ class BrokerCore:
     # ------------------------------------------------------------- admission
 
     def _admit(self, client: bytes, request: Request) -> None:
+        if (client, request.request_id) in self.by_client:
+            # Any answer would carry the live request's id and settle it: the duplicate gets none.
+            self.logs.log("duplicate-id", logging.WARNING, "dropped a request from client %s whose id is in use "
+                          "by an unanswered request on the same connection", client.hex(),
+                          request_id=request.trace)
+            return
         now = self.clock()
-        problem = self._refusal(client, request, now)
-        if problem is not None:
-            status, message = problem
-            retry = RETRY_AFTER_MS if status is Status.OVERLOADED else None
-            # Shedding is routine under load (the metrics count it); a line per shed request would add to the load.
-            level = logging.DEBUG if status is Status.OVERLOADED else logging.INFO
-            log.log(level, "refused a request for model %r: %s (%s)", request.model, status.value, message,
-                    extra={"request_id": request.trace})
-            if request.model in self.models:
-                self.models[request.model].answered[status] += 1
-            self._send_client(client, Reply(request.request_id, status, message, retry_after_ms=retry))
+        refusal = self._refusal(client, request, now)
+        if refusal is not None:
+            self._refuse(client, request, refusal)
             return
         model = self.models.get(request.model)
         if model is None:
@@ -256,6 +281,7 @@ class BrokerCore:
                   request.payload, now, now + timeout_ms / 1000, request.priority, request.trace)
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
+        self.unanswered[client] += 1
         model.enqueue(job)
         if log.isEnabledFor(logging.DEBUG):  # the arguments cost more than routing the request
             log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
@@ -265,33 +291,38 @@ class BrokerCore:
             self._arm(job, now + self.config.no_worker_grace_ms / 1000)
         self._dispatch(model)
 
-    def _refusal(self, client: bytes, request: Request, now: float) -> tuple[Status, str] | None:
-        model = self.models.get(request.model)
+    def _refusal(self, client: bytes, request: Request, now: float) -> Refusal | None:
+        """PROTOCOL.md section 6.1, in order (the duplicate id, rule 2, is handled before)."""
         if self.draining:
-            return Status.OVERLOADED, "the broker is shutting down; retry on another broker or later"
-        if (client, request.request_id) in self.by_client:
-            return Status.BAD_REQUEST, "request id already in use on this connection; use a new id per request"
-        max_backlog = self.limits_for(request.model).max_backlog
-        if request.items > max_backlog:
-            return (Status.BAD_REQUEST, f"a request may carry at most {max_backlog} items; "
-                    f"this one has {request.items}: split it")
+            return Refusal(Status.OVERLOADED, "the broker is shutting down; retry on another broker or later")
+        limits = self.limits_for(request.model)
+        reserve = self.config.priority_reserve
+        model = self.models.get(request.model)
+        if (refusal := admission.too_large(request, limits, reserve)) is not None:
+            return refusal
         if (model is None or not model.known) and now - self.started_at > self.config.no_worker_grace_ms / 1000:
-            known = ", ".join(sorted(self.models)) or "none yet"
-            return Status.UNKNOWN_MODEL, f"no worker serves model {request.model!r} (models: {known})"
-        limit = self._backlog_limit(max_backlog, request.priority)
-        if model is not None and model.backlog_items + request.items > limit:
-            return (Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting "
-                    f"(limit {limit} at priority {request.priority}); retry later")
-        return None
+            return admission.unknown_model(request.model, list(self.models))
+        if (refusal := admission.client_saturated(self.unanswered[client],
+                                                  self.config.max_client_requests)) is not None:
+            return refusal
+        return admission.backlog_full(request, model, limits, reserve)
+
+    def _refuse(self, client: bytes, request: Request, refusal: Refusal) -> None:
+        # Shedding is routine under load (the metrics count it); a line per shed request would add to the load.
+        if refusal.status is Status.OVERLOADED:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("refused a request for model %r: %s", request.model, refusal.message,
+                          extra={"request_id": request.trace})
+        else:
+            self.logs.log(f"refused-{refusal.status.value}", logging.INFO, "refused a request for model %r: %s (%s)",
+                          request.model, refusal.status.value, refusal.message, request_id=request.trace)
+        if request.model in self.models:
+            self.models[request.model].answered[refusal.status] += 1
+        self._send_client(client, Reply(request.request_id, refusal.status, refusal.message,
+                                        retry_after_ms=refusal.retry_after_ms))
 
     def limits_for(self, model: str) -> ModelLimits:
-        return self._model_limits.get(model, self._default_limits)
-
-    def _backlog_limit(self, max_backlog: int, priority: int) -> int:
-        """Normal requests fill ``max_backlog``; low ones are refused a reserved share earlier,
-        and high ones may use a reserved share beyond it, so they are refused last."""
-        share = 1 + self.config.priority_reserve * (NORMAL_PRIORITY - priority)
-        return max(1, int(max_backlog * share))
+        return self.config.model_limits.get(model, self._default_limits)
 
     # -------------------------------------------------------------- dispatch
 
@@ -340,6 +371,7 @@ class BrokerCore:
         for name in worker.models:
             model = self.models.setdefault(name, ModelState(name))
             model.known = True
+            model.workerless_since = None
             model.workers[identity] = worker
         for name in worker.models:
             self._dispatch(self.models[name])
@@ -348,11 +380,12 @@ class BrokerCore:
         """Forget a worker; its unanswered jobs go back to the head of their backlogs.
 
         ``reason`` is one word for the metrics (silent, disconnected, unreachable,
-        restarted, reconnected); ``detail`` completes it in the log.
+        restarted, reconnected, overdue); ``detail`` completes it in the log.
 
         ``died`` charges each job's retry budget: a worker that crashed or went
         silent may have been killed by one of them; a reconnection or a clean
-        DISCONNECT did not.
+        DISCONNECT did not.  A crash (``CRASHES``) of a worker running a job
+        alone is blamed on that job.
         """
         worker = self.workers.pop(identity, None)
         if worker is None:
@@ -360,12 +393,14 @@ class BrokerCore:
         self.removals[reason] += 1
         log.warning("worker %s (%s pid %s) removed: %s %s; %d request(s) in flight", identity.hex(),
                     worker.ready.name, worker.ready.pid, reason, detail, len(worker.in_flight))
-        for name in worker.models:
-            self.models[name].retire(worker)
         now = self.clock()
+        for name in worker.models:
+            self.models[name].retire(worker, now)
+        crashed = died and reason in CRASHES
         for job in reversed(list(worker.in_flight.values())):
+            isolated = job.isolated
             worker.release(job.job_id)
-            self._requeue(job, died)
+            self._requeue(job, died, blamed=crashed and isolated)
         for name in worker.models:
             model = self.models[name]
             if not model.workers:
@@ -373,37 +408,56 @@ class BrokerCore:
                     self._arm(job, now + self.config.no_worker_grace_ms / 1000)
             self._dispatch(model)
 
-    def _requeue(self, job: Job, died: bool) -> None:
+    def _requeue(self, job: Job, died: bool, *, blamed: bool) -> None:
         if job.answered:
             self._forget(job)
             return
-        job.attempts += died
-        if job.attempts >= POISON_DEATHS:
-            self._answer(job, Status.WORKER_ERROR, f"the workers running this request died {job.attempts} "
-                         "times; it looks like an input the model cannot survive, so it is not retried")
-        elif job.attempts > self.config.max_retries:
-            self._answer(job, Status.WORKER_LOST,
-                         "the worker running this request died and the retry budget is spent; retry")
+        job.deaths += died
+        if blamed:
+            self._answer(job, Status.WORKER_ERROR, f"the workers running this request died {job.deaths} times, "
+                         "the last one running it alone; it looks like an input the model cannot survive, so it "
+                         "is not retried")
+        elif job.deaths > self.config.max_retries:
+            self._answer(job, Status.WORKER_LOST, f"the workers running this request were lost {job.deaths} "
+                         "time(s) and the retry budget is spent; retry")
         else:
             self.models[job.model].enqueue(job, front=True)
-            return
-        self._forget(job)
 
     def _worker_reply(self, worker: WorkerState, reply: Reply, frames: list[bytes]) -> None:
         job = worker.release(reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
-        self._forget(job)
         if not job.answered:
-            job.answered = True
-            self.by_client.pop((job.client, job.request_id), None)
-            self.models[job.model].answered[reply.status] += 1
-            if reply.status is not Status.OK:
-                log.info("worker %s answered job %s: %s (%s)", worker.ready.name, job.job_id.hex(),
-                         reply.status.value, reply.message, extra={"request_id": job.trace})
-            self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
+            if reply.status is Status.CANCELLED:  # nobody asked: the worker is wrong, the client gets an answer
+                self.logs.log("unasked-cancel", logging.WARNING, "worker %s answered job %s 'cancelled' although "
+                              "it was not cancelled", worker.ready.name, job.job_id.hex(), request_id=job.trace)
+                self._answer(job, Status.WORKER_ERROR, "the worker skipped this request without being asked to")
+            else:
+                self._settle(job)
+                self.models[job.model].answered[reply.status] += 1
+                if reply.status is not Status.OK:
+                    self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
+                                  worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
+                                  request_id=job.trace)
+                self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
+        self._forget(job)
         for name in worker.models:
             self._dispatch(self.models[name])
+
+    def _remove_overdue_workers(self, now: float) -> None:
+        """A worker still holding an answered request long after its deadline is stuck, or lies about its work."""
+        for worker in list(self.workers.values()):
+            if any(job.answered and now - job.deadline > OVERDUE_S for job in worker.in_flight.values()):
+                self.remove_worker(worker.identity, "overdue",
+                                   f"(holds a request more than {OVERDUE_S:.0f} s past its deadline)")
+
+    def _forget_idle_models(self, now: float) -> None:
+        """Names no worker serves and nobody waits for must not pile up."""
+        for name, model in list(self.models.items()):
+            gone_since = model.workerless_since
+            if name not in self.config.models and gone_since is not None and now - gone_since >= FORGET_MODEL_S \
+                    and model.idle():
+                del self.models[name]
 
     # ----------------------------------------------------- deadlines, cancel
 
@@ -430,29 +484,35 @@ class BrokerCore:
         job = self.by_client.get((client, request_id))
         if job is None or job.answered:
             return
-        self._retire_answered(job)
+        self._settle(job)
         if job.worker is not None:
             self.outbox.append((Peer.WORKER, job.worker.identity, wire.encode_cancel(job.job_id)))
 
     def _answer(self, job: Job, status: Status, message: str) -> None:
         level = logging.WARNING if status in (Status.WORKER_ERROR, Status.WORKER_LOST) else logging.INFO
-        log.log(level, "job %s for model %r answered %s: %s", job.job_id.hex(), job.model, status.value, message,
-                extra={"request_id": job.trace})
-        self._retire_answered(job)
+        self.logs.log(f"answered-{status.value}", level, "job %s for model %r answered %s: %s", job.job_id.hex(),
+                      job.model, status.value, message, request_id=job.trace)
+        self._settle(job)
         self.models[job.model].answered[status] += 1
         self._send_client(job.client, Reply(job.request_id, status, message))
 
-    def _retire_answered(self, job: Job) -> None:
+    def _settle(self, job: Job) -> None:
+        """The client has its answer (or cancelled): nothing more is owed, and the payload can go."""
         job.answered = True
         self.by_client.pop((job.client, job.request_id), None)
+        self.unanswered[job.client] -= 1
+        if self.unanswered[job.client] <= 0:
+            del self.unanswered[job.client]
+        self.models[job.model].forget_waiting(job)
         if job.worker is None:
             self._forget(job)
-            self.models[job.model].forget_waiting(job)
+        else:
+            job.payload = b""  # never dispatched again: answered jobs are not retried
 
     # ------------------------------------------------------------ utilities
 
     def _forget(self, job: Job) -> None:
-        """Done with a job: its deadline timer may outlive it, so let its payload go now."""
+        """Done with a job: its timers may outlive it, so let its payload go now."""
         self.jobs.pop(job.job_id, None)
         job.payload = b""
 
@@ -461,59 +521,29 @@ class BrokerCore:
             self.rejections[reply.status] += 1
         self.outbox.append((Peer.CLIENT, client, wire.encode_reply(reply)))
 
+    def _answer_stats(self, client: bytes, request_id: bytes) -> None:
+        if (client, request_id) in self.by_client:  # an ok under a live request's id would settle it
+            self.logs.log("duplicate-id", logging.WARNING, "dropped a STATS from client %s whose id is in use by an "
+                          "unanswered request on the same connection", client.hex())
+            return
+        self.outbox.append((Peer.CLIENT, client, wire.encode_reply(
+            Reply(request_id, Status.OK, "", payloads.encode_payload(self.stats())))))
+
     def _client_protocol_error(self, client: bytes, frames: list[bytes], exc: ProtocolError) -> None:
-        self._log_limited("bad-client-frame", "malformed message from a client: %s", exc)
+        self.logs.log("bad-client-frame", logging.WARNING, "malformed message from a client: %s", exc)
         request_id = wire.request_id_of(frames)
-        if request_id is not None:
+        if request_id is not None and (client, request_id) not in self.by_client:
             self._send_client(client, Reply(request_id, Status.BAD_REQUEST, f"malformed message: {exc}"))
 
     def _expiry_s(self) -> float:
         return self.config.heartbeat_ms * self.config.heartbeat_liveness / 1000
-
-    def _log_limited(self, key: str, text: str, *args: Any) -> None:
-        now = self.clock()
-        if now - self._last_log.get(key, float("-inf")) >= LOG_EVERY_S:
-            self._last_log[key] = now
-            log.warning(text, *args)
 
     def stats(self) -> dict[str, Any]:
         now = self.clock()
         return {
             "uptime_s": round(now - self.started_at, 3),
             "draining": self.draining,
-            "models": {name: self._model_stats(model) for name, model in self.models.items()},
-            "workers": [self._worker_stats(worker, now) for worker in self.workers.values()],
-        }
-
-    @staticmethod
-    def _model_stats(model: ModelState) -> dict[str, Any]:
-        totals = model.batch_totals()
-        return {
-            "backlog_items": model.backlog_items,
-            "workers": len(model.workers),
-            "free_credit": sum(max(0, w.free_credit) for w in model.workers.values()),
-            "requests": {status.value: count for status, count in model.answered.items()},
-            "batches": totals.batches,
-            "batched_items": totals.items,
-            "mean_batch_size": round(totals.items / totals.batches, 3) if totals.batches else 0.0,
-            "cancelled_items": totals.cancelled,
-            "expired_items": totals.expired,
-        }
-
-    @staticmethod
-    def _worker_stats(worker: WorkerState, now: float) -> dict[str, Any]:
-        ready = worker.ready
-        return {
-            "identity": worker.identity.hex(),
-            "name": ready.name,
-            "host": ready.host,
-            "pid": ready.pid,
-            "device": ready.device,
-            "models": worker.models,
-            "capacity": ready.capacity,
-            "free_credit": worker.free_credit,
-            "in_flight": len(worker.in_flight),
-            "draining": worker.draining,
-            "last_seen_s": round(now - worker.last_seen, 3),
-            "batches": {name: dataclasses.asdict(c) for name, c in worker.batches.items()},
+            "limits": stats.limits_stats(self._default_limits, self.config.max_message_bytes),
+            "models": {name: stats.model_stats(model) for name, model in self.models.items()},
+            "workers": [stats.worker_stats(worker, now) for worker in self.workers.values()],
         }

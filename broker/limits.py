@@ -1,4 +1,4 @@
-"""Per-model admission limits: backlog size and timeouts, with the broker-wide values as defaults.
+"""Per-model admission limits: backlog size (items and bytes) and timeouts, with the broker-wide values as defaults.
 
 ``--model-limits "name=small,max_backlog=64,timeout_ms=2000;name=big,max_timeout_ms=120000"``
 gives some models their own limits; every other model uses the broker's.
@@ -10,12 +10,13 @@ from dataclasses import dataclass, replace
 
 from zbatch.runtime.settings import parse_entries
 
-LIMIT_KEYS = ("max_backlog", "timeout_ms", "max_timeout_ms")
+LIMIT_KEYS = ("max_backlog", "max_backlog_bytes", "timeout_ms", "max_timeout_ms")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelLimits:
     max_backlog: int
+    max_backlog_bytes: int
     timeout_ms: int
     max_timeout_ms: int
 
@@ -41,7 +42,7 @@ def parse_model_limits(text: str, defaults: ModelLimits) -> dict[str, ModelLimit
 def check_model_limits(text: str) -> str | None:
     """Settings check: the text parses (with placeholder defaults)."""
     try:
-        parse_model_limits(text, ModelLimits(1, 1, 1))
+        parse_model_limits(text, ModelLimits(1, 1, 1, 1))
     except ValueError as exc:
         return str(exc)
     return None

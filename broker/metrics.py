@@ -14,7 +14,7 @@ from zbatch.runtime.metrics import histogram_family
 
 # Every reason is always exported (zero until it happens), so alerts can use rate() from the start.
 REJECTION_REASONS = tuple(s.value for s in Status if s not in (Status.OK, Status.CANCELLED))
-REMOVAL_REASONS = ("silent", "disconnected", "unreachable", "restarted", "reconnected")
+REMOVAL_REASONS = ("silent", "disconnected", "unreachable", "restarted", "reconnected", "overdue")
 
 
 def broker_families(core: BrokerCore) -> list[Metric]:

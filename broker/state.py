@@ -1,7 +1,7 @@
 """The broker's bookkeeping records: jobs, workers and per-model backlogs.
 
 Plain data with a few invariants kept by small methods; the decisions that
-use them live in :mod:`broker.core`.
+use them live in :mod:`broker.core` and :mod:`broker.admission`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from zbatch.protocol.wire import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, B
 from zbatch.runtime.histogram import SECONDS_BUCKETS, Histogram
 
 PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
+MAX_TOTAL = 2**62  # counters saturate here, so sums over many workers still fit a msgpack integer
 
 
 @dataclass(slots=True, eq=False)
@@ -21,7 +22,9 @@ class Job:
 
     ``answered`` means the client has had its one answer (or cancelled); a job
     can be answered while still in flight on a worker, whose credit stays
-    taken until that worker replies or is declared dead.
+    taken until that worker replies or is declared dead.  ``deaths`` counts
+    the workers that died while running it; ``isolated`` says it runs alone
+    on its worker (it is a retry, and may be what killed the last one).
     """
 
     job_id: bytes
@@ -34,7 +37,8 @@ class Job:
     deadline: float
     priority: int = NORMAL_PRIORITY
     trace: str = ""
-    attempts: int = 0
+    deaths: int = 0
+    isolated: bool = False
     worker: WorkerState | None = None
     waiting: bool = False
     answered: bool = False
@@ -48,7 +52,7 @@ class WorkerState:
     last_dispatch: float = float("-inf")
     in_flight: dict[bytes, Job] = field(default_factory=dict)
     in_flight_items: int = 0
-    retried_in_flight: int = 0  # jobs in flight whose previous worker died (attempts do not change in flight)
+    isolated_in_flight: int = 0  # retried jobs in flight, each of which gets the worker to itself
     batches: dict[str, BatchCounters] = field(default_factory=dict)
     draining: bool = False
 
@@ -57,27 +61,27 @@ class WorkerState:
         return [m.name for m in self.ready.models]
 
     @property
-    def free_credit(self) -> int:
-        return self.ready.capacity - self.in_flight_items
+    def ready_models(self) -> frozenset[str]:
+        return frozenset(m.name for m in self.ready.models)
 
     @property
-    def isolating(self) -> bool:
-        """Running a job whose previous worker died: it gets the worker to itself."""
-        return self.retried_in_flight > 0
+    def free_credit(self) -> int:
+        return self.ready.capacity - self.in_flight_items
 
     def can_take(self, job: Job) -> bool:
         """Room for the job's items; a job larger than the whole capacity, or one that may
         have killed a worker, goes only to an idle worker, and nothing joins it there."""
-        if self.draining or self.isolating:
+        if self.draining or self.isolated_in_flight:
             return False
-        if job.attempts or job.items > self.ready.capacity:
+        if job.deaths or job.items > self.ready.capacity:
             return self.in_flight_items == 0
         return job.items <= self.free_credit
 
     def take(self, job: Job, now: float) -> None:
+        job.isolated = job.deaths > 0
         self.in_flight[job.job_id] = job
         self.in_flight_items += job.items
-        self.retried_in_flight += job.attempts > 0
+        self.isolated_in_flight += job.isolated
         self.last_dispatch = now
         job.worker = self
 
@@ -85,7 +89,7 @@ class WorkerState:
         job = self.in_flight.pop(job_id, None)
         if job is not None:
             self.in_flight_items -= job.items
-            self.retried_in_flight -= job.attempts > 0
+            self.isolated_in_flight -= job.isolated
             job.worker = None
         return job
 
@@ -94,15 +98,19 @@ class WorkerState:
 class ModelState:
     """A model's backlog: one FIFO per priority class, highest first.
 
-    ``known`` once configured or announced by a worker.  ``dispatched`` and
-    ``queue_time`` (admission to dispatch, seconds) feed the broker's metrics.
+    ``known`` once configured or announced by a worker; ``workerless_since``
+    is when its last worker left (the core forgets idle models after a
+    while).  ``dispatched`` and ``queue_time`` (admission to dispatch,
+    seconds) feed the broker's metrics.
     """
 
     name: str
     known: bool = False
     backlogs: tuple[deque[Job], ...] = field(default_factory=lambda: tuple(deque() for _ in PRIORITIES))
     backlog_items: int = 0
+    backlog_bytes: int = 0
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
+    workerless_since: float | None = None
     answered: Counter[Status] = field(default_factory=Counter)
     retired_batches: BatchCounters = field(default_factory=BatchCounters)
     dispatched: int = 0
@@ -114,6 +122,7 @@ class ModelState:
         else:
             self.backlogs[job.priority].append(job)
         self.backlog_items += job.items
+        self.backlog_bytes += len(job.payload)
         job.waiting = True
 
     def first_waiting(self) -> Job | None:
@@ -142,6 +151,7 @@ class ModelState:
         if job.waiting:
             job.waiting = False
             self.backlog_items -= job.items
+            self.backlog_bytes -= len(job.payload)
 
     def batch_totals(self) -> BatchCounters:
         totals = self.retired_batches
@@ -149,13 +159,20 @@ class ModelState:
             totals = add_counters(totals, worker.batches.get(self.name))
         return totals
 
-    def retire(self, worker: WorkerState) -> None:
+    def retire(self, worker: WorkerState, now: float) -> None:
         """Keep a departing worker's batch counts in the model's totals."""
         self.workers.pop(worker.identity, None)
         self.retired_batches = add_counters(self.retired_batches, worker.batches.get(self.name))
+        if not self.workers:
+            self.workerless_since = now
+
+    def idle(self) -> bool:
+        """Nothing waits for this model and no worker serves it."""
+        return not self.workers and self.backlog_items == 0 and self.first_waiting() is None
 
 
 def add_counters(total: BatchCounters, more: BatchCounters | None) -> BatchCounters:
+    """The sum of two counter sets, each count saturating at :data:`MAX_TOTAL`."""
     if more is None:
         return total
-    return BatchCounters(*(a + b for a, b in zip(astuple(total), astuple(more), strict=True)))
+    return BatchCounters(*(min(MAX_TOTAL, a + b) for a, b in zip(astuple(total), astuple(more), strict=True)))

@@ -281,12 +281,18 @@ def test_another_client_cannot_cancel_or_collide(clock: FakeClock) -> None:
     assert len(dispatched(take(core))) == 1  # A's request still runs
 
 
-def test_duplicate_request_id_in_flight_is_refused(clock: FakeClock) -> None:
+def test_a_duplicate_request_id_is_dropped_so_the_live_request_keeps_its_one_answer(clock: FakeClock) -> None:
+    """An answer to the duplicate would carry the live request's id and settle it early."""
     core = make_core(clock, no_worker_grace_ms=10_000)
     send(core, b"dup")
     send(core, b"dup")
+    core.client_message(b"C", wire.encode_stats_query(b"dup"))  # an ok STATS would settle it too
+    assert client_replies(take(core)) == []
+    ready(core, b"W1")
+    [(_, job)] = dispatched(take(core))
+    worker_reply(core, b"W1", job.request_id)
     [reply] = client_replies(take(core))
-    assert reply.status is Status.BAD_REQUEST and "already in use" in reply.message
+    assert (reply.request_id, reply.status, reply.payload) == (b"dup", Status.OK, b"result")
 
 
 def test_malformed_client_message_gets_bad_request_when_it_has_an_id(clock: FakeClock) -> None:

@@ -251,11 +251,15 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
     core = BrokerCore(CONFIG, clock)
     core.worker_message(GOOD_WORKER, wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 4),), 8)))
     expected: Counter[tuple[bytes, bytes]] = Counter()
+    heartbeats: Counter[bytes] = Counter()  # a client's HEARTBEAT is answered with one
     sent: list[tuple[Peer, bytes, list[bytes]]] = []
     for number, (peer, identity, frames, answer) in enumerate(messages_in):
         frames = list(frames)
         if peer is Peer.WORKER:
             core.worker_message(identity, frames)
+        elif frames == [wire.HEADERS[Command.HEARTBEAT]]:
+            heartbeats[identity] += 1
+            core.client_message(identity, frames)
         elif wire.request_id_of(frames) is not None:
             # Ids are made unique per message, so each answer can be matched to its message.
             frames[1] = b"id-%d" % number
@@ -273,11 +277,15 @@ def test_core_survives_hostile_traffic_and_answers_each_request_once(
     core.tick()
     core.tick()
     answered: Counter[tuple[bytes, bytes]] = Counter()
+    answered_heartbeats: Counter[bytes] = Counter()
     for peer, identity, frames in sent + core.outbox:
-        if peer is Peer.CLIENT:
+        if peer is Peer.CLIENT and frames == [wire.HEADERS[Command.HEARTBEAT]]:
+            answered_heartbeats[identity] += 1
+        elif peer is Peer.CLIENT:
             assert frames[0] == wire.HEADERS[Command.REPLY]
             answered[(identity, wire.decode_reply(frames).request_id)] += 1
     assert answered == +expected
+    assert answered_heartbeats == heartbeats
     assert core.idle
 
 

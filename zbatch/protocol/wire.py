@@ -46,6 +46,11 @@ MAX_META_ITEMS: Final = 1024  # entries of any list or map in a meta frame (a wo
 MAX_TEXT_CHARS: Final = 256  # a worker's name, host and device, for display
 MAX_SHOWN_CHARS: Final = 40  # of an input quoted in an error text
 MAX_NAMED_FIELDS: Final = 5
+MAX_MODELS_PER_WORKER: Final = 64
+MAX_CAPACITY: Final = 65_536  # items one worker may hold in flight
+MAX_COUNTER: Final = 2**48  # a heartbeat's batch counters (years of work at a million items a second)
+MAX_PID: Final = 2**32
+MAX_RETRY_AFTER_MS: Final = 3_600_000
 # Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
 
 
@@ -57,7 +62,7 @@ class Command(enum.IntEnum):
     READY = 1  # worker -> broker
     REQUEST = 2  # client -> broker, broker -> worker
     REPLY = 3  # broker -> client, worker -> broker
-    HEARTBEAT = 4  # worker <-> broker
+    HEARTBEAT = 4  # worker <-> broker, client <-> broker
     DISCONNECT = 5  # worker <-> broker
     CANCEL = 6  # client -> broker, broker -> worker
     STATS = 7  # client -> broker (answered with REPLY)
@@ -175,7 +180,7 @@ class StatsQuery:
     request_id: bytes
 
 
-ClientMessage = Request | Cancel | StatsQuery
+ClientMessage = Request | Cancel | StatsQuery | Heartbeat
 WorkerMessage = Ready | Reply | Heartbeat | Disconnect | Drain
 BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain
 
@@ -281,6 +286,9 @@ def decode_client_message(frames: list[bytes]) -> ClientMessage:
         return Cancel(_decode_id_only(frames))
     if command is Command.STATS:
         return StatsQuery(_decode_id_only(frames))
+    if command is Command.HEARTBEAT:
+        _expect_frames(frames, 1, 1)
+        return Heartbeat()
     raise ProtocolError(f"command {command.name} is not allowed from a client")
 
 
@@ -331,8 +339,8 @@ def decode_reply(frames: list[bytes]) -> Reply:
     if status is None:
         raise ProtocolError(f"unknown status {shortened(repr(raw_status))}")
     retry_after = _optional(meta, "retry_after_ms", int)
-    if retry_after is not None and retry_after < 0:
-        raise ProtocolError("retry_after_ms must not be negative")
+    if retry_after is not None and not 0 <= retry_after <= MAX_RETRY_AFTER_MS:
+        raise ProtocolError(f"retry_after_ms must be 0 to {MAX_RETRY_AFTER_MS}")
     return Reply(
         request_id=request_id,
         status=status,
@@ -376,15 +384,17 @@ def _decode_ready(frames: list[bytes]) -> Ready:
     meta = _unpack_meta(frames[1])
     _only_keys(meta, {"models", "capacity", "name", "host", "pid", "device"})
     raw_models = _field(meta, "models", list)
-    if not raw_models:
-        raise ProtocolError("READY must list at least one model")
+    if not 1 <= len(raw_models) <= MAX_MODELS_PER_WORKER:
+        raise ProtocolError(f"READY must list at least one model and at most {MAX_MODELS_PER_WORKER}")
     models = tuple(_decode_model_info(m) for m in raw_models)
+    if len({m.name for m in models}) != len(models):
+        raise ProtocolError("READY lists a model twice")
     capacity = _field(meta, "capacity", int)
-    if capacity < 1:
-        raise ProtocolError("capacity must be at least 1")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ProtocolError(f"capacity must be 1 to {MAX_CAPACITY}")
     pid = _optional(meta, "pid", int) or 0
-    if pid < 0:
-        raise ProtocolError("pid must not be negative")
+    if not 0 <= pid <= MAX_PID:
+        raise ProtocolError(f"pid must be 0 to {MAX_PID}")
     return Ready(
         models=models,
         capacity=capacity,
@@ -402,8 +412,8 @@ def _decode_model_info(raw: Any) -> ModelInfo:
     name = _check_name(_field(raw, "name", str), "model name")
     task = _check_name(_field(raw, "task", str), "task")
     batch = _field(raw, "max_batch_size", int)
-    if batch < 1:
-        raise ProtocolError("max_batch_size must be at least 1")
+    if not 1 <= batch <= MAX_CAPACITY:
+        raise ProtocolError(f"max_batch_size must be 1 to {MAX_CAPACITY}")
     return ModelInfo(name=name, task=task, max_batch_size=batch)
 
 
@@ -421,6 +431,8 @@ def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
         values = {key: _field(counters, key, int) for key in counters}
         if any(value < 0 for value in values.values()):
             raise ProtocolError("heartbeat counters must not be negative")
+        if any(value > MAX_COUNTER for value in values.values()):
+            raise ProtocolError(f"heartbeat counters must be at most {MAX_COUNTER}")
         batches[_check_name(name, "model name")] = BatchCounters(**values)
     return Heartbeat(batches)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 LOG_FORMATS = ("text", "json")
@@ -58,3 +59,39 @@ def setup_logging(daemon: str, level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(daemon) if fmt == "json" else TextFormatter(daemon))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+class LogLimiter:
+    """At most one line per kind every ``every_s`` seconds; the next line says how many were held back.
+
+    For lines that hostile or heavy traffic can repeat at the rate of requests
+    (refusals, malformed messages): the first of each kind is logged, the rest
+    are counted.  ``clock`` is injected, so sans-I/O cores can use it.
+    """
+
+    MAX_KINDS = 1_000
+
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float], every_s: float = 10.0) -> None:
+        self._logger = logger
+        self._clock = clock
+        self._every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, kind: str, level: int, text: str, *args: object, request_id: str = "") -> None:
+        if not self._logger.isEnabledFor(level):
+            return
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._every_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        if len(self._last) >= self.MAX_KINDS:  # kinds are fixed strings; this only bounds a mistake
+            self._last.clear()
+            self._held.clear()
+        held = self._held.pop(kind, 0)
+        if held:
+            text += " (and %d more like it in the last %.0f s)"
+            args = (*args, held, now - last if last is not None else self._every_s)
+        self._last[kind] = now
+        self._logger.log(level, text, *args, extra={"request_id": request_id})

@@ -1,0 +1,51 @@
+"""The STATS payload (PROTOCOL.md section 3.6), built from the core's records."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from broker.limits import ModelLimits
+from broker.state import ModelState, WorkerState
+
+
+def model_stats(model: ModelState) -> dict[str, Any]:
+    totals = model.batch_totals()
+    return {
+        "backlog_items": model.backlog_items,
+        "backlog_bytes": model.backlog_bytes,
+        "workers": len(model.workers),
+        "free_credit": sum(max(0, w.free_credit) for w in model.workers.values()),
+        "requests": {status.value: count for status, count in model.answered.items()},
+        "batches": totals.batches,
+        "batched_items": totals.items,
+        "mean_batch_size": round(totals.items / totals.batches, 3) if totals.batches else 0.0,
+        "cancelled_items": totals.cancelled,
+        "expired_items": totals.expired,
+    }
+
+
+def worker_stats(worker: WorkerState, now: float) -> dict[str, Any]:
+    ready = worker.ready
+    return {
+        "identity": worker.identity.hex(),
+        "name": ready.name,
+        "host": ready.host,
+        "pid": ready.pid,
+        "device": ready.device,
+        "models": worker.models,
+        "capacity": ready.capacity,
+        "free_credit": worker.free_credit,
+        "in_flight": len(worker.in_flight),
+        "in_flight_items": worker.in_flight_items,
+        "draining": worker.draining,
+        "last_seen_s": round(now - worker.last_seen, 3),
+        "batches": {name: dataclasses.asdict(c) for name, c in worker.batches.items()},
+    }
+
+
+def limits_stats(limits: ModelLimits, max_message_bytes: int) -> dict[str, int]:
+    """What a client needs to know to stay within the broker's limits."""
+    return {"timeout_ms": limits.timeout_ms, "max_timeout_ms": limits.max_timeout_ms,
+            "max_backlog": limits.max_backlog, "max_backlog_bytes": limits.max_backlog_bytes,
+            "max_message_bytes": max_message_bytes}
