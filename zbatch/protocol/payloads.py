@@ -38,7 +38,8 @@ def _encode_extension(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} in a payload")
 
 
-def _decode_extension(code: int, data: bytes) -> np.ndarray:
+def decode_extension(code: int, data: bytes) -> np.ndarray:
+    """An ndarray from extension type 1 (PROTOCOL.md section 5), checked before numpy sees it."""
     if code != NDARRAY_EXT:
         raise ProtocolError(f"unknown msgpack extension type {code}")
     try:
@@ -78,7 +79,7 @@ def decode_payload(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
         raise ProtocolError(f"payload larger than {max_bytes} bytes")
     try:
         return msgpack.unpackb(
-            data, raw=False, ext_hook=_decode_extension, strict_map_key=False,
+            data, raw=False, ext_hook=decode_extension, strict_map_key=False,
             max_str_len=max_bytes, max_bin_len=max_bytes, max_ext_len=max_bytes,
             max_array_len=max_bytes, max_map_len=max_bytes // 2,
         )
