@@ -1,0 +1,93 @@
+"""The worker's payload decoding: limits named in every refusal, nothing but BadPayload ever raised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.requests import MAX_PARAMETER_BYTES, MAX_PARTS, BadPayload, InputLimits, decode_request
+
+LIMITS = InputLimits(max_inputs=4, max_input_chars=10, max_payload_bytes=4096)
+
+
+def pack(body: Any) -> bytes:
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+def test_a_valid_payload_decodes_and_equal_parameters_batch_together() -> None:
+    first = decode_request(pack({"inputs": ["a", "b"], "parameters": {"x": 1, "y": [1, 2]}}), 2, LIMITS)
+    second = decode_request(pack({"parameters": {"y": [1, 2], "x": 1}, "inputs": ["c", "d"]}), 2, LIMITS)
+    assert first.inputs == ["a", "b"] and first.parameters == {"x": 1, "y": [1, 2]}
+    assert first.parameters_key == second.parameters_key
+
+
+@pytest.mark.parametrize(("body", "items", "complaint"), [
+    ({"inputs": ["a"] * 5}, 5, "the limit is 4 per request (max_inputs)"),
+    ({"inputs": ["a" * 11]}, 1, "longer than 10 characters (max_input_chars)"),
+    ({"inputs": [["q", "a" * 11]]}, 1, "longer than 10 characters"),
+    ({"inputs": ["a", "b"]}, 3, "items says 3 but the payload has 2 inputs"),
+    ({"inputs": "a"}, 1, "'inputs' must be a list"),
+    ({"texts": ["a"]}, 1, "unknown payload field 'texts'"),
+    ({"parameters": {}}, 1, "must be a map with a list of 'inputs'"),
+    ({"inputs": ["a"], "parameters": [1]}, 1, "'parameters' must be a map"),
+    ({"inputs": ["a"], "parameters": {1: 1, "a": 2}}, 1, "parameter names must be strings"),
+    ({"inputs": [[["nested"]]]}, 1, "holds a nested array"),
+    ({"inputs": [list(range(MAX_PARTS + 1))]}, 1, f"a structured input has at most {MAX_PARTS}"),
+    (["inputs"], 1, "must be a map"),
+])
+def test_each_refusal_names_what_is_wrong(body: Any, items: int, complaint: str) -> None:
+    with pytest.raises(BadPayload) as refusal:
+        decode_request(pack(body), items, LIMITS)
+    assert complaint in str(refusal.value)
+
+
+def test_parameters_are_bounded_before_they_are_built() -> None:
+    body = {"inputs": ["a"], "parameters": {"x": ["y" * 100] * (MAX_PARAMETER_BYTES // 100)}}
+    with pytest.raises(BadPayload, match=f"the limit is {MAX_PARAMETER_BYTES}"):
+        decode_request(pack(body), 1, InputLimits(max_payload_bytes=10 * MAX_PARAMETER_BYTES))
+
+
+def test_a_payload_over_the_byte_limit_is_refused_unread() -> None:
+    """15 MiB of empty arrays: refused on its size, without a single object built."""
+    bomb = b"\x81\xa6inputs\xdd" + (15 << 20).to_bytes(4, "big") + b"\x90" * (15 << 20)
+    with pytest.raises(BadPayload, match="the limit is 1048576 \\(max_payload_bytes\\)"):
+        decode_request(bomb, 15 << 20, InputLimits())
+
+
+def test_an_array_header_claiming_more_inputs_than_allowed_is_refused_before_reading_them() -> None:
+    claim = b"\x81\xa6inputs\xdd" + (10**9).to_bytes(4, "big") + b"\x90" * 100
+    with pytest.raises(BadPayload, match="1000000000 inputs"):
+        decode_request(claim, 10**9, InputLimits())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 8))
+def test_random_bytes_decode_within_the_limits_or_raise_bad_payload(data: bytes, items: int) -> None:
+    try:
+        request = decode_request(data, items, LIMITS)
+    except BadPayload:
+        return
+    assert len(request.inputs) == items <= LIMITS.max_inputs
+
+
+INT64 = st.integers(-(2**63), 2**64 - 1)
+values = st.recursive(st.none() | st.booleans() | INT64 | st.floats() | st.text(max_size=12)
+                      | st.binary(max_size=12), lambda inner: st.lists(inner, max_size=10)
+                      | st.dictionaries(st.text(max_size=5) | INT64, inner, max_size=10), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["inputs", "parameters", "other"]), values, max_size=3), st.integers(0, 8))
+def test_random_structures_decode_within_the_limits_or_raise_bad_payload(body: dict[str, Any], items: int) -> None:
+    try:
+        request = decode_request(pack(body), items, LIMITS)
+    except BadPayload:
+        return
+    assert len(request.inputs) == items <= LIMITS.max_inputs
+    assert all(len(text) <= LIMITS.max_input_chars for text in request.inputs if isinstance(text, str))
+    assert all(isinstance(key, str) for key in request.parameters)
