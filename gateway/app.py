@@ -1,45 +1,28 @@
 """The HTTP API: validate a request, forward it through :class:`AsyncClient`, answer JSON.
 
-Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
-leaves as ``{"error": {"code": ..., "message": ...}}`` from one middleware, so
-clients parse a single error shape and never see a traceback.
+Failures are raised; the middleware of gateway/errors.py answers them.
 """
 
 from __future__ import annotations
 
 import base64
-import logging
-import math
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 import numpy as np
 import orjson
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
 
 from gateway.config import GatewayConfig
+from gateway.errors import ApiError, bad_request, json_errors
 from gateway.guard import guards
 from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
 from gateway.openapi import DOCUMENT
 from gateway.tracing import REQUEST_ID, request_ids
 from gateway.views import json_response, jsonable, models_listing, worker_count
-from zbatch.client import (
-    AsyncClient,
-    BadRequest,
-    BrokerUnavailable,
-    DeadlineExceeded,
-    NoWorker,
-    Overloaded,
-    UnknownModel,
-    WorkerError,
-    WorkerLost,
-    ZBatchError,
-)
+from zbatch.client import AsyncClient, WorkerError
 from zbatch.protocol.wire import MAX_NAME_CHARS
 from zbatch.runtime.curve import client_keys
-
-log = logging.getLogger("zbatch.gateway")
 
 CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncClient)
@@ -51,93 +34,6 @@ READY_PROBE_TIMEOUT_MS = 1000
 JSON_TYPES = frozenset({"application/json"})
 # curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
 TEXT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
-
-BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
-    BadRequest: (400, "bad_request"),
-    UnknownModel: (404, "unknown_model"),
-    Overloaded: (503, "overloaded"),
-    NoWorker: (503, "no_worker"),
-    BrokerUnavailable: (503, "broker_unavailable"),
-    DeadlineExceeded: (504, "deadline_exceeded"),
-    WorkerError: (500, "worker_error"),
-    WorkerLost: (502, "worker_lost"),
-}
-HTTP_ERROR_CODES: dict[int, str] = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    503: "overloaded",  # gateway/guard.py: too many requests in flight
-}
-
-
-class ApiError(Exception):
-    """A failure the gateway answers on purpose, with its HTTP status and error code."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "bad_request", message)
-
-
-def from_broker(exc: ZBatchError) -> ApiError:
-    """The HTTP answer for a failed request; overload carries ``Retry-After`` in whole seconds."""
-    status, code = BROKER_ERRORS.get(type(exc), (500, "internal_error"))
-    headers: dict[str, str] = {}
-    if isinstance(exc, Overloaded) or exc.retry_after_ms is not None:
-        headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil((exc.retry_after_ms or 0) / 1000)))
-    return ApiError(status, code, exc.message or code.replace("_", " "), headers)
-
-
-def from_http(exc: web.HTTPException, request: web.Request) -> ApiError:
-    """aiohttp's own refusals (no route, wrong method, body too large) in our error shape."""
-    if exc.status == 404:
-        message = f"no endpoint at {request.path}"
-    elif isinstance(exc, web.HTTPMethodNotAllowed):
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-    else:
-        message = exc.text or exc.reason
-    code = HTTP_ERROR_CODES.get(
-        exc.status, "internal_error" if exc.status >= 500 else "bad_request"
-    )
-    kept = {
-        str(k): v
-        for k, v in exc.headers.items()
-        if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
-    }
-    return ApiError(exc.status, code, message, kept)
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        error = exc
-    except ZBatchError as exc:
-        error = from_broker(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = from_http(exc, request)
-    except Exception:
-        log.exception("unexpected error answering %s %s", request.method, request.path,
-                      extra={"request_id": request.get(REQUEST_ID, "")})
-        error = ApiError(500, "internal_error", "internal error; the gateway log has the details")
-    body = {"error": {"code": error.code, "message": error.message}}
-    return web.json_response(body, status=error.status, headers=error.headers)
-
 
 # --------------------------------------------------------------------------
 # Request parsing
@@ -155,7 +51,6 @@ async def read_body(
     limit = request.app[CONFIG].max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(
-            413,
             "payload_too_large",
             f"the body has {request.content_length} bytes; the limit is {limit}",
         )
@@ -164,7 +59,7 @@ async def read_body(
         and request.content_type not in content_types
     ):
         expected = " or ".join(sorted(content_types))
-        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {expected}")
+        raise ApiError("unsupported_media_type", f"Content-Type must be {expected}")
     return await request.read()
 
 
@@ -200,11 +95,11 @@ def parse_inputs(body: Mapping[str, Any], field: str) -> tuple[list[str], bool]:
 def check_input_limits(config: GatewayConfig, texts: list[str]) -> None:
     """Refuse more inputs, or longer ones, than this gateway takes, before the broker sees them."""
     if len(texts) > config.max_inputs:
-        raise ApiError(413, "too_many_inputs",
+        raise ApiError("too_many_inputs",
                        f"{len(texts)} inputs; the limit is {config.max_inputs} per request: split it")
     longest = max(map(len, texts))
     if longest > config.max_input_chars:
-        raise ApiError(400, "input_too_long",
+        raise ApiError("input_too_long",
                        f"an input has {longest} characters; the limit is {config.max_input_chars}")
 
 
@@ -318,10 +213,10 @@ async def get_ready(request: web.Request) -> web.Response:
     """Readiness: the broker answers, is not draining, and every required model has a worker."""
     stats = await request.app[CLIENT].stats(timeout_ms=READY_PROBE_TIMEOUT_MS)
     if stats.get("draining"):
-        raise ApiError(503, "broker_unavailable", "the broker is draining and takes no new work")
+        raise ApiError("broker_unavailable", "the broker is draining and takes no new work")
     missing = [m for m in request.app[CONFIG].required_models if worker_count(stats, m) < 1]
     if missing:
-        raise ApiError(503, "no_worker", f"no worker serves {', '.join(missing)}")
+        raise ApiError("no_worker", f"no worker serves {', '.join(missing)}")
     return web.json_response({"status": "ready"})
 
 
