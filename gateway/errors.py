@@ -3,7 +3,9 @@
 :data:`ERRORS` is the one table of error codes: for each, its HTTP status, when
 it happens, and which failure it stands for (a :mod:`zbatch.client` exception,
 an aiohttp refusal, or a check of the gateway's own).  The JSON errors take
-their status and code from it.
+their status and code from it, and ``/openapi.json`` its error enum and the
+descriptions of its error responses (gateway/openapi.py), so the two cannot
+disagree.
 
 Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
 leaves as ``{"error": {"code": ..., "message": ...}}`` from :func:`json_errors`,

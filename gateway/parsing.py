@@ -2,7 +2,8 @@
 
 Each function either returns what the handler needs or raises an
 :class:`~gateway.errors.ApiError` that says what was wrong, so the broker only
-ever sees well-formed work.
+ever sees well-formed work.  The OpenAPI document (gateway/openapi.py) takes the
+headers' names and values from here.
 """
 
 from __future__ import annotations
