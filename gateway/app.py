@@ -1,345 +1,38 @@
-"""The HTTP API: validate a request, forward it through :class:`AsyncClient`, answer JSON.
+"""The gateway application: its middlewares, its routes, and the broker client it lives with.
 
-Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
-leaves as ``{"error": {"code": ..., "message": ...}}`` from one middleware, so
-clients parse a single error shape and never see a traceback.
+The endpoints are in gateway/handlers.py, the error vocabulary in
+gateway/errors.py; this module only puts them together.
 """
 
 from __future__ import annotations
 
-import base64
-import logging
-import math
-from collections.abc import AsyncIterator, Collection, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
-import numpy as np
-import orjson
-from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
+from aiohttp import web
 
+from gateway import handlers
+from gateway.appkeys import CLIENT, CONFIG
 from gateway.config import GatewayConfig
+from gateway.errors import json_errors
 from gateway.guard import guards
-from gateway.metrics import METRICS, MODEL, GatewayMetrics, get_metrics, measure
-from gateway.openapi import DOCUMENT
-from gateway.tracing import REQUEST_ID, request_ids
-from gateway.views import json_response, jsonable, models_listing, worker_count
-from zbatch.client import (
-    AsyncClient,
-    BadRequest,
-    BrokerUnavailable,
-    DeadlineExceeded,
-    NoWorker,
-    Overloaded,
-    UnknownModel,
-    WorkerError,
-    WorkerLost,
-    ZBatchError,
-)
-from zbatch.protocol.wire import MAX_NAME_CHARS
+from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
+from gateway.tracing import request_ids
+from zbatch.client import AsyncClient
 from zbatch.runtime.curve import client_keys
 
-log = logging.getLogger("zbatch.gateway")
+__all__ = ["CLIENT", "CONFIG", "ROUTES", "create_app"]
 
-CONFIG = web.AppKey("config", GatewayConfig)
-CLIENT = web.AppKey("client", AsyncClient)
-
-TIMEOUT_HEADER = "X-Request-Timeout-Ms"
-PRIORITY_HEADER = "X-Priority"
-PRIORITIES = {"high": 0, "normal": 1, "low": 2, "0": 0, "1": 1, "2": 2}
-READY_PROBE_TIMEOUT_MS = 1000
-JSON_TYPES = frozenset({"application/json"})
-# curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
-TEXT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
-
-BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
-    BadRequest: (400, "bad_request"),
-    UnknownModel: (404, "unknown_model"),
-    Overloaded: (503, "overloaded"),
-    NoWorker: (503, "no_worker"),
-    BrokerUnavailable: (503, "broker_unavailable"),
-    DeadlineExceeded: (504, "deadline_exceeded"),
-    WorkerError: (500, "worker_error"),
-    WorkerLost: (502, "worker_lost"),
-}
-HTTP_ERROR_CODES: dict[int, str] = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    503: "overloaded",  # gateway/guard.py: too many requests in flight
-}
-
-
-class ApiError(Exception):
-    """A failure the gateway answers on purpose, with its HTTP status and error code."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "bad_request", message)
-
-
-def from_broker(exc: ZBatchError) -> ApiError:
-    """The HTTP answer for a failed request; overload carries ``Retry-After`` in whole seconds."""
-    status, code = BROKER_ERRORS.get(type(exc), (500, "internal_error"))
-    headers: dict[str, str] = {}
-    if isinstance(exc, Overloaded) or exc.retry_after_ms is not None:
-        headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil((exc.retry_after_ms or 0) / 1000)))
-    return ApiError(status, code, exc.message or code.replace("_", " "), headers)
-
-
-def from_http(exc: web.HTTPException, request: web.Request) -> ApiError:
-    """aiohttp's own refusals (no route, wrong method, body too large) in our error shape."""
-    if exc.status == 404:
-        message = f"no endpoint at {request.path}"
-    elif isinstance(exc, web.HTTPMethodNotAllowed):
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-    else:
-        message = exc.text or exc.reason
-    code = HTTP_ERROR_CODES.get(
-        exc.status, "internal_error" if exc.status >= 500 else "bad_request"
-    )
-    kept = {
-        str(k): v
-        for k, v in exc.headers.items()
-        if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
-    }
-    return ApiError(exc.status, code, message, kept)
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        error = exc
-    except ZBatchError as exc:
-        error = from_broker(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = from_http(exc, request)
-    except Exception:
-        log.exception("unexpected error answering %s %s", request.method, request.path,
-                      extra={"request_id": request.get(REQUEST_ID, "")})
-        error = ApiError(500, "internal_error", "internal error; the gateway log has the details")
-    body = {"error": {"code": error.code, "message": error.message}}
-    return web.json_response(body, status=error.status, headers=error.headers)
-
-
-# --------------------------------------------------------------------------
-# Request parsing
-# --------------------------------------------------------------------------
-
-
-async def read_body(
-    request: web.Request, content_types: Collection[str], *, optional: bool = False
-) -> bytes:
-    """The body, after refusing an oversize declared length or a content type we cannot read.
-
-    ``optional`` accepts a request without a Content-Type header.  Chunked bodies
-    have no length up front; the application's ``client_max_size`` stops those.
-    """
-    limit = request.app[CONFIG].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(
-            413,
-            "payload_too_large",
-            f"the body has {request.content_length} bytes; the limit is {limit}",
-        )
-    if (
-        not (optional and hdrs.CONTENT_TYPE not in request.headers)
-        and request.content_type not in content_types
-    ):
-        expected = " or ".join(sorted(content_types))
-        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {expected}")
-    return await request.read()
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    body = await read_body(request, JSON_TYPES)
-    if not body:
-        raise bad_request("the body is empty; send a JSON object")
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise bad_request("the body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object")
-    return data
-
-
-def parse_inputs(body: Mapping[str, Any], field: str) -> tuple[list[str], bool]:
-    """The texts to run, and whether a single string came in (so a single output goes out)."""
-    if field not in body:
-        raise bad_request(f'missing "{field}"')
-    value = body[field]
-    if isinstance(value, str):
-        texts, single = [value], True
-    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        texts, single = value, False
-    else:
-        raise bad_request(f'"{field}" must be a string or a non-empty list of strings')
-    if not all(texts):
-        raise bad_request(f'"{field}" must not contain empty strings')
-    return texts, single
-
-
-def check_input_limits(config: GatewayConfig, texts: list[str]) -> None:
-    """Refuse more inputs, or longer ones, than this gateway takes, before the broker sees them."""
-    if len(texts) > config.max_inputs:
-        raise ApiError(413, "too_many_inputs",
-                       f"{len(texts)} inputs; the limit is {config.max_inputs} per request: split it")
-    longest = max(map(len, texts))
-    if longest > config.max_input_chars:
-        raise ApiError(400, "input_too_long",
-                       f"an input has {longest} characters; the limit is {config.max_input_chars}")
-
-
-def parse_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
-    parameters = body.get("parameters")
-    if parameters is None:
-        return {}
-    if not isinstance(parameters, dict):
-        raise bad_request('"parameters" must be a JSON object')
-    return parameters
-
-
-def request_timeout_ms(request: web.Request) -> int | None:
-    """The caller's timeout, which may shorten but never extend the configured one."""
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is None:
-        return None
-    # Ten digits is over 100 days, and keeps int() away from absurdly long strings.
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) > 0):
-        raise bad_request(f"{TIMEOUT_HEADER} must be a positive whole number of milliseconds")
-    return min(int(raw), request.app[CONFIG].timeout_ms)
-
-
-def request_priority(request: web.Request) -> int:
-    """``X-Priority``: high, normal (the default) or low, or the protocol's 0, 1, 2."""
-    raw = request.headers.get(PRIORITY_HEADER, "normal").strip().lower()
-    if raw not in PRIORITIES:
-        raise bad_request(f"{PRIORITY_HEADER} must be high, normal or low")
-    return PRIORITIES[raw]
-
-
-async def run(
-    request: web.Request, model: str, texts: list[str], parameters: dict[str, Any]
-) -> list[Any]:
-    """One output per text, in order, from the broker."""
-    check_input_limits(request.app[CONFIG], texts)
-    if not 1 <= len(model) <= MAX_NAME_CHARS:
-        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
-    request[MODEL] = model
-    client = request.app[CLIENT]
-    outputs = await client.infer(
-        model, texts, parameters, timeout_ms=request_timeout_ms(request),
-        priority=request_priority(request), trace=request[REQUEST_ID],
-    )
-    if len(outputs) != len(texts):
-        raise WorkerError(f"the worker returned {len(outputs)} outputs for {len(texts)} inputs")
-    return outputs
-
-
-# --------------------------------------------------------------------------
-# Handlers
-# --------------------------------------------------------------------------
-
-
-async def post_model(request: web.Request) -> web.Response:
-    """Hugging Face Inference API shape: ``{"inputs": str | [str], "parameters": {...}}``."""
-    body = await read_json(request)
-    texts, single = parse_inputs(body, "inputs")
-    outputs = await run(request, request.match_info["model"], texts, parse_parameters(body))
-    return json_response(outputs[0] if single else outputs)
-
-
-async def post_text(request: web.Request) -> web.Response:
-    """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``."""
-    body = await read_body(request, TEXT_TYPES, optional=True)
-    try:
-        text = body.decode(request.charset or "utf-8")
-    except (UnicodeDecodeError, LookupError):
-        raise bad_request("the body is not text in its declared charset (default utf-8)") from None
-    if not text:
-        raise bad_request("the body is empty; send the text to process")
-    outputs = await run(request, request.app[CONFIG].default_model, [text], {})
-    return json_response(outputs[0])
-
-
-async def post_embeddings(request: web.Request) -> web.Response:
-    """OpenAI ``/v1/embeddings``; ``usage`` is always zero, since the gateway counts no tokens.
-
-    ``encoding_format`` may be "float" (the default) or "base64" (little-endian
-    float32, as OpenAI sends it), which the official SDK asks for by default.
-    """
-    body = await read_json(request)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request('"model" must be a non-empty string')
-    texts, _ = parse_inputs(body, "input")
-    encoding = body.get("encoding_format") or "float"
-    if encoding not in ("float", "base64"):
-        raise bad_request('"encoding_format" must be "float" or "base64"')
-    outputs = await run(request, model, texts, {})
-    data = [
-        {"object": "embedding", "index": index, "embedding": encode_embedding(output, encoding)}
-        for index, output in enumerate(outputs)
-    ]
-    usage = {"prompt_tokens": 0, "total_tokens": 0}
-    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
-
-
-def encode_embedding(output: Any, encoding: str) -> Any:
-    if encoding == "base64":
-        return base64.b64encode(np.asarray(output, dtype="<f4").tobytes()).decode("ascii")
-    return output  # json_response writes numpy arrays itself
-
-
-async def get_health(request: web.Request) -> web.Response:
-    """Liveness: the process answers; it says nothing about the broker."""
-    return web.json_response({"status": "ok"})
-
-
-async def get_ready(request: web.Request) -> web.Response:
-    """Readiness: the broker answers, is not draining, and every required model has a worker."""
-    stats = await request.app[CLIENT].stats(timeout_ms=READY_PROBE_TIMEOUT_MS)
-    if stats.get("draining"):
-        raise ApiError(503, "broker_unavailable", "the broker is draining and takes no new work")
-    missing = [m for m in request.app[CONFIG].required_models if worker_count(stats, m) < 1]
-    if missing:
-        raise ApiError(503, "no_worker", f"no worker serves {', '.join(missing)}")
-    return web.json_response({"status": "ready"})
-
-
-async def get_models(request: web.Request) -> web.Response:
-    return web.json_response(models_listing(await request.app[CLIENT].stats()))
-
-
-async def get_stats(request: web.Request) -> web.Response:
-    return web.json_response(jsonable(await request.app[CLIENT].stats()))
-
-
-async def get_openapi(request: web.Request) -> web.Response:
-    return web.json_response(DOCUMENT)
-
-
-# --------------------------------------------------------------------------
-# Application
-# --------------------------------------------------------------------------
+ROUTES = [
+    web.post("/", handlers.post_text),
+    web.post("/models/{model:.+}", handlers.post_model),
+    web.post("/v1/embeddings", handlers.post_embeddings),
+    web.get("/healthz", handlers.get_health),
+    web.get("/readyz", handlers.get_ready),
+    web.get("/models", handlers.get_models),
+    web.get("/v1/stats", handlers.get_stats),
+    web.get("/metrics", get_metrics),
+    web.get("/openapi.json", handlers.get_openapi),
+]
 
 
 def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.Application:
@@ -355,19 +48,7 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
         app.cleanup_ctx.append(_client_context)
     else:
         app[CLIENT] = client
-    app.add_routes(
-        [
-            web.post("/", post_text),
-            web.post("/models/{model:.+}", post_model),
-            web.post("/v1/embeddings", post_embeddings),
-            web.get("/healthz", get_health),
-            web.get("/readyz", get_ready),
-            web.get("/models", get_models),
-            web.get("/v1/stats", get_stats),
-            web.get("/metrics", get_metrics),
-            web.get("/openapi.json", get_openapi),
-        ]
-    )
+    app.add_routes(ROUTES)
     return app
 
 

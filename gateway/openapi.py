@@ -1,41 +1,33 @@
 """The gateway's OpenAPI 3.0.3 document, served at ``GET /openapi.json``.
 
-Written by hand next to the handlers (gateway/app.py) rather than generated:
-the gateway validates requests itself, and the document promises exactly
-what it checks.  Tests validate it and fuzz the live gateway against it.
+Written next to the handlers (gateway/handlers.py) rather than generated from
+them: the gateway validates requests itself, and the document promises exactly
+what it checks.  What the gateway already states as data is taken from there,
+not restated: the error codes, their statuses, descriptions and headers from
+gateway/errors.py, the request headers and their values from gateway/parsing.py.
+Tests validate it, compare it with those sources and the routes, and fuzz the
+live gateway against it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aiohttp import hdrs
+
 from gateway.config import GatewayConfig
+from gateway.errors import ERRORS, ErrorCode
+from gateway.parsing import MAX_TIMEOUT_DIGITS, PRIORITIES, PRIORITY_HEADER, TIMEOUT_HEADER
 from gateway.tracing import MAX_REQUEST_ID_CHARS, REQUEST_ID_HEADER
 from zbatch.protocol.wire import MAX_NAME_CHARS
 
-ERROR_CODES = [
-    "bad_request", "unknown_model", "not_found", "method_not_allowed", "payload_too_large",
-    "unsupported_media_type", "worker_error", "worker_lost", "internal_error", "overloaded", "no_worker",
-    "broker_unavailable", "deadline_exceeded", "unauthorized", "too_many_inputs", "input_too_long",
-]
-ERROR_WHEN = {
-    "400": "Malformed JSON, wrong types, empty input, bad parameters or a bad header (`bad_request`); "
-           "an input longer than the gateway's limit (`input_too_long`)",
-    "401": "The gateway has API keys and the request carries none of them (`unauthorized`, with "
-           "WWW-Authenticate)",
-    "404": "No worker serves the model (`unknown_model`)",
-    "413": "The body is larger than the gateway's limit (`payload_too_large`), or it holds more inputs "
-           "(`too_many_inputs`)",
-    "415": "Wrong Content-Type (`unsupported_media_type`)",
-    "500": "The model failed on this input (`worker_error`); the other inputs of its batch still succeed",
-    "502": "The worker died and the broker's retry budget is spent (`worker_lost`); retry",
-    "503": "Backlog full (`overloaded`, with Retry-After), no worker right now (`no_worker`), "
-           "or the broker is not reachable (`broker_unavailable`); too many requests in flight at the gateway "
-           "(`overloaded`, with Retry-After)",
-    "504": "The deadline passed first (`deadline_exceeded`)",
-}
-INFERENCE_ERRORS = ("400", "401", "404", "413", "415", "500", "502", "503", "504")
 EXAMPLE_MODEL = GatewayConfig.default_model
+# An inference request can end in any error that belongs to an operation.
+INFERENCE_ERRORS = tuple(error.code for error in ERRORS.values() if error.per_operation)
+BROKER_QUERY_ERRORS = ("unauthorized", "overloaded", "broker_unavailable")
+# The headers gateway/parsing.py reads, by the name of their parameter under components.
+REQUEST_HEADERS = {TIMEOUT_HEADER: "RequestTimeout", PRIORITY_HEADER: "Priority"}
+HEADER_SCHEMAS: dict[str, dict[str, str]] = {str(hdrs.RETRY_AFTER): {"type": "integer"}}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -47,23 +39,35 @@ def _answer(description: str, schema: dict[str, Any], media: str = "application/
             "content": {media: {"schema": schema}}}
 
 
-def _errors(*statuses: str) -> dict[str, Any]:
-    responses = {status: _answer(ERROR_WHEN[status], _ref("Error")) for status in statuses}
-    if "503" in responses:
-        responses["503"]["headers"]["Retry-After"] = {
-            "description": "Seconds to wait before retrying (with `overloaded`)", "schema": {"type": "integer"}}
-    if "401" in responses:
-        responses["401"]["headers"]["WWW-Authenticate"] = {
-            "description": "`Bearer realm=\"zbatch\"`", "schema": {"type": "string"}}
+def _when(error: ErrorCode) -> str:
+    """What the document says of one code: when it happens, the code, and the headers it comes with."""
+    with_headers = "".join(f", with {name}" for name in error.headers)
+    return f"{error.when} (`{error.code}`{with_headers})"
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    """The error responses of an operation that can end in ``codes``, one per status."""
+    by_status: dict[str, list[ErrorCode]] = {}
+    for error in sorted((ERRORS[code] for code in codes), key=lambda error: error.status):
+        by_status.setdefault(str(error.status), []).append(error)
+    responses = {}
+    for status, errors in by_status.items():
+        when = "; ".join(map(_when, errors))
+        response = _answer(when[0].upper() + when[1:], _ref("Error"))
+        for error in errors:
+            for name, says in error.headers.items():
+                response["headers"][name] = {"description": f"{says} (with `{error.code}`)",
+                                             "schema": HEADER_SCHEMAS.get(name, {"type": "string"})}
+        responses[status] = response
     return responses
 
 
 def _inference(summary: str, body: dict[str, Any], ok: dict[str, Any],
                *path_parameters: dict[str, Any]) -> dict[str, Any]:
+    headers = [{"$ref": f"#/components/parameters/{name}"} for name in ("RequestId", *REQUEST_HEADERS.values())]
     return {"post": {
         "summary": summary,
-        "parameters": [{"$ref": "#/components/parameters/RequestId"},
-                       {"$ref": "#/components/parameters/RequestTimeout"}, *path_parameters],
+        "parameters": [*headers, *path_parameters],
         "requestBody": {"required": True, "content": body},
         "responses": {"200": ok, **_errors(*INFERENCE_ERRORS)},
     }}
@@ -83,7 +87,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["error"], "additionalProperties": False,
         "properties": {"error": {
             "type": "object", "required": ["code", "message"], "additionalProperties": False,
-            "properties": {"code": {"type": "string", "enum": ERROR_CODES},
+            "properties": {"code": {"type": "string", "enum": list(ERRORS)},
                            "message": {"type": "string", "description": "What happened and what to do"}},
         }},
     },
@@ -152,13 +156,13 @@ DOCUMENT: dict[str, Any] = {
             _answer("Embeddings in input order", _ref("EmbeddingsResponse"))),
         "/healthz": _get("Liveness: the gateway process answers", _answer("Up", _ref("Status"))),
         "/readyz": _get("Readiness: the broker answers and every required model has a worker",
-                        _answer("Ready", _ref("Status")), "401", "503"),
+                        _answer("Ready", _ref("Status")), *BROKER_QUERY_ERRORS, "no_worker"),
         "/models": _get("Models the broker knows, their figures and workers", _answer("Models", _ref("Models")),
-                        "401", "503"),
-        "/v1/stats": _get("The broker's statistics", _answer("Statistics", _ref("Stats")), "401", "503"),
+                        *BROKER_QUERY_ERRORS),
+        "/v1/stats": _get("The broker's statistics", _answer("Statistics", _ref("Stats")), *BROKER_QUERY_ERRORS),
         "/metrics": _get("Prometheus metrics of the gateway (text exposition format); needs a key only with "
-                         "protect_metrics", _answer("Metrics", {"type": "string"}, "text/plain"), "401"),
-        "/openapi.json": _get("This document", _answer("OpenAPI 3.0.3 document", {"type": "object"}), "401"),
+                         "protect_metrics", _answer("Metrics", {"type": "string"}, "text/plain"), "unauthorized"),
+        "/openapi.json": _get("This document", _answer("OpenAPI 3.0.3 document", {"type": "object"}), "unauthorized"),
     },
     # API keys are optional: with api_keys_file set, every endpoint but /healthz needs one.
     "security": [{}, {"apiKey": []}],
@@ -172,9 +176,13 @@ DOCUMENT: dict[str, Any] = {
                                          "gateway, broker and worker; a new one is made if absent or not "
                                          f"1-{MAX_REQUEST_ID_CHARS} printable ASCII characters",
                           "schema": {"type": "string", "maxLength": MAX_REQUEST_ID_CHARS}},
-            "RequestTimeout": {"name": "X-Request-Timeout-Ms", "in": "header", "required": False,
+            "RequestTimeout": {"name": TIMEOUT_HEADER, "in": "header", "required": False,
                                "description": "Shortens the request's deadline (never beyond the configured one)",
-                               "schema": {"type": "string", "pattern": "^[0-9]{1,10}$"}},
+                               "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_TIMEOUT_DIGITS}}}$"}},
+            "Priority": {"name": PRIORITY_HEADER, "in": "header", "required": False,
+                         "description": "The request's priority at the broker: high, normal (the default) or low, "
+                                        "or the protocol's 0, 1, 2; case is ignored",
+                         "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}},
         },
         "headers": {
             "RequestId": {"description": "The request's id: yours if valid, else a new one",

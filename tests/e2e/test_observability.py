@@ -20,8 +20,9 @@ import pytest
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import BROKER_ERRORS, HTTP_ERROR_CODES, create_app
+from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.errors import BROKER_ERRORS, HTTP_ERROR_CODES
 from gateway.openapi import DOCUMENT
 from tests.daemons import Daemon, free_port, http_json, start_broker, start_gateway, start_worker, wait_until
 from worker.runners import DEFAULT_MODEL_NAME

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
 from broker.core import BrokerCore, CoreSettings
-from gateway.views import jsonable, models_listing, worker_count
+from gateway.handlers import worker_count
+from gateway.responses import jsonable, models_listing
 from zbatch.protocol import wire
 
 
-def real_stats() -> dict[str, object]:
+def real_stats() -> dict[str, Any]:
     """Statistics from a real broker core with one worker for "echo" and none for "idle"."""
     core = BrokerCore(CoreSettings(models=("echo", "idle")), clock=lambda: 0.0)
     ready = wire.Ready((wire.ModelInfo("echo", "embeddings", 8),), 8, name="w1")

@@ -1,13 +1,14 @@
-"""Broker results as JSON: worker outputs and the broker's statistics.
+"""JSON bodies of the gateway's answers: worker outputs, embeddings and the broker's statistics.
 
 Outputs come back from :class:`zbatch.client.AsyncClient` with numpy arrays in
-them, and JSON has no arrays of float32 (nor bytes), so everything goes
-through :func:`jsonable` before it reaches a response.  The stats follow the
-STATS payload of zbatch/protocol/PROTOCOL.md (section 3.6).
+them, which orjson writes directly (:func:`json_response`); the statistics can
+hold bytes and numpy scalars too, so they go through :func:`jsonable`.  The
+stats follow the STATS payload of zbatch/protocol/PROTOCOL.md (section 3.6).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,22 @@ import orjson
 from aiohttp import web
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def json_response(value: Any) -> web.Response:
+    """Model outputs as JSON, numpy arrays written by orjson itself rather than converted to lists first.
+
+    Inference answers go through here: converting a vector to a list of Python
+    floats costs far more than writing it, on the path whose throughput matters.
+    """
+    return web.Response(body=orjson.dumps(value, option=JSON_OPTIONS), content_type="application/json")
+
+
+def encode_embedding(output: Any, encoding: str) -> Any:
+    """One embedding as OpenAI sends it: as it is for "float", little-endian float32 bytes in base64 for "base64"."""
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(output, dtype="<f4").tobytes()).decode("ascii")
+    return output  # json_response writes numpy arrays itself
 
 
 def jsonable(value: Any) -> Any:
@@ -34,11 +51,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def worker_count(stats: Mapping[str, Any], model: str) -> int:
-    """How many workers the broker has for ``model`` (0 for a model it does not know)."""
-    return int(stats.get("models", {}).get(model, {}).get("workers", 0))
-
-
 def models_listing(stats: Mapping[str, Any]) -> dict[str, Any]:
     """``GET /models``: every model the broker knows, its figures, and the workers serving it."""
     workers = stats.get("workers", [])
@@ -52,12 +64,3 @@ def models_listing(stats: Mapping[str, Any]) -> dict[str, Any]:
             for name, figures in sorted(stats.get("models", {}).items())
         ]
     }
-
-
-def json_response(value: Any) -> web.Response:
-    """Model outputs as JSON, numpy arrays written directly by orjson.
-
-    Measured here: a 384-float embedding took 513 us through ``jsonable`` and the
-    standard ``json`` module, 14 us this way; it was the gateway's largest cost.
-    """
-    return web.Response(body=orjson.dumps(value, option=JSON_OPTIONS), content_type="application/json")

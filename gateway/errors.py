@@ -1,0 +1,164 @@
+"""The gateway's error vocabulary, and the middleware that answers every failure in it.
+
+:data:`ERRORS` is the one table of error codes: for each, its HTTP status, when
+it happens, and which failure it stands for (a :mod:`zbatch.client` exception,
+an aiohttp refusal, or a check of the gateway's own).  The JSON errors take
+their status and code from it, and ``/openapi.json`` its error enum and the
+descriptions of its error responses (gateway/openapi.py), so the two cannot
+disagree.
+
+Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
+leaves as ``{"error": {"code": ..., "message": ...}}`` from :func:`json_errors`,
+so clients parse a single error shape and never see a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+
+from gateway import guard
+from gateway.tracing import REQUEST_ID
+from zbatch.client import (
+    BadRequest,
+    BrokerUnavailable,
+    DeadlineExceeded,
+    NoWorker,
+    Overloaded,
+    UnknownModel,
+    WorkerError,
+    WorkerLost,
+    ZBatchError,
+)
+
+log = logging.getLogger("zbatch.gateway")
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One ``error.code`` the gateway answers with.
+
+    ``client_error``: the :mod:`zbatch.client` exception answered with this code.
+    ``http_exception``: aiohttp's refusals (no route, wrong method, body too large)
+    and the guards' (gateway/guard.py) of this status get this code.
+    ``headers``: the response headers that come with it, and what they say.
+    ``per_operation``: False for the answers to a path or method that has no
+    endpoint, which the document lists in its enum but under no operation.
+    """
+
+    code: str
+    status: int
+    when: str
+    client_error: type[ZBatchError] | None = None
+    http_exception: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
+    per_operation: bool = True
+
+
+RETRY_AFTER: dict[str, str] = {str(hdrs.RETRY_AFTER): "Seconds to wait before retrying"}
+CHALLENGE: dict[str, str] = {str(hdrs.WWW_AUTHENTICATE): f"`{guard.CHALLENGE}`"}
+
+ERRORS: dict[str, ErrorCode] = {
+    error.code: error
+    for error in (
+        ErrorCode("bad_request", 400, "malformed JSON, wrong types, empty input, bad parameters or a bad header",
+                  client_error=BadRequest, http_exception=True),
+        ErrorCode("input_too_long", 400, "an input is longer than the gateway's limit"),
+        ErrorCode("unauthorized", 401, "the gateway has API keys and the request carries none of them",
+                  http_exception=True, headers=CHALLENGE),
+        ErrorCode("unknown_model", 404, "no worker serves the model", client_error=UnknownModel),
+        ErrorCode("not_found", 404, "no endpoint at this path", http_exception=True, per_operation=False),
+        ErrorCode("method_not_allowed", 405, "the path has no endpoint for this method; Allow lists those it has",
+                  http_exception=True, per_operation=False),
+        ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True),
+        ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit"),
+        ErrorCode("unsupported_media_type", 415, "wrong Content-Type", http_exception=True),
+        ErrorCode("worker_error", 500, "the model failed on this input; the other inputs of its batch still succeed",
+                  client_error=WorkerError),
+        ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details"),
+        ErrorCode("worker_lost", 502, "the worker died and the broker's retry budget is spent; retry",
+                  client_error=WorkerLost),
+        ErrorCode("overloaded", 503, "the model's backlog at the broker is full, or the gateway is answering as "
+                  "many requests as it takes at once", client_error=Overloaded, http_exception=True,
+                  headers=RETRY_AFTER),
+        ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker),
+        ErrorCode("broker_unavailable", 503, "the broker is not reachable, or is draining",
+                  client_error=BrokerUnavailable),
+        ErrorCode("deadline_exceeded", 504, "the deadline passed first", client_error=DeadlineExceeded),
+    )
+}
+
+# The table read the two ways the middleware needs it.
+BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
+    error.client_error: (error.status, error.code) for error in ERRORS.values() if error.client_error
+}
+HTTP_ERROR_CODES: dict[int, str] = {error.status: error.code for error in ERRORS.values() if error.http_exception}
+
+
+class ApiError(Exception):
+    """A failure the gateway answers on purpose: a code of :data:`ERRORS`, with that code's status.
+
+    ``status`` overrides the table's only for aiohttp refusals that have no code of their own.
+    """
+
+    def __init__(
+        self, code: str, message: str, headers: Mapping[str, str] | None = None, *, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = ERRORS[code].status if status is None else status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError("bad_request", message)
+
+
+def from_broker(exc: ZBatchError) -> ApiError:
+    """The HTTP answer for a failed request; overload carries ``Retry-After`` in whole seconds."""
+    status, code = BROKER_ERRORS.get(type(exc), (500, "internal_error"))
+    headers: dict[str, str] = {}
+    if isinstance(exc, Overloaded) or exc.retry_after_ms is not None:
+        headers[hdrs.RETRY_AFTER] = str(max(1, math.ceil((exc.retry_after_ms or 0) / 1000)))
+    return ApiError(code, exc.message or code.replace("_", " "), headers, status=status)
+
+
+def from_http(exc: web.HTTPException, request: web.Request) -> ApiError:
+    """aiohttp's own refusals (no route, wrong method, body too large) in our error shape."""
+    if exc.status == 404:
+        message = f"no endpoint at {request.path}"
+    elif isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+    else:
+        message = exc.text or exc.reason
+    code = HTTP_ERROR_CODES.get(exc.status, "internal_error" if exc.status >= 500 else "bad_request")
+    kept = {str(k): v for k, v in exc.headers.items() if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+    return ApiError(code, message, kept, status=exc.status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure below this middleware as ``{"error": {"code", "message"}}``; unexpected ones are logged."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        error = exc
+    except ZBatchError as exc:
+        error = from_broker(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = from_http(exc, request)
+    except Exception:
+        log.exception("unexpected error answering %s %s", request.method, request.path,
+                      extra={"request_id": request.get(REQUEST_ID, "")})
+        error = ApiError("internal_error", "internal error; the gateway log has the details")
+    body = {"error": {"code": error.code, "message": error.message}}
+    return web.json_response(body, status=error.status, headers=error.headers)

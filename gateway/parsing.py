@@ -1,0 +1,144 @@
+"""Reading an inference request: its body, its JSON fields, its limits and its headers.
+
+Each function either returns what the handler needs or raises an
+:class:`~gateway.errors.ApiError` that says what was wrong, so the broker only
+ever sees well-formed work.  The OpenAPI document (gateway/openapi.py) takes the
+headers' names and values from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import hdrs, web
+
+from gateway.appkeys import CONFIG
+from gateway.config import GatewayConfig
+from gateway.errors import ApiError, bad_request
+from zbatch.protocol.wire import MAX_NAME_CHARS
+
+TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+PRIORITY_HEADER = "X-Priority"
+PRIORITIES = {"high": 0, "normal": 1, "low": 2, "0": 0, "1": 1, "2": 2}
+# Ten digits is over 100 days, and keeps int() away from absurdly long strings.
+MAX_TIMEOUT_DIGITS = 10
+JSON_TYPES = frozenset({"application/json"})
+# curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
+TEXT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
+ENCODINGS = ("float", "base64")
+
+
+async def read_body(
+    request: web.Request, content_types: Collection[str], *, optional: bool = False
+) -> bytes:
+    """The body, after refusing an oversize declared length or a content type we cannot read.
+
+    ``optional`` accepts a request without a Content-Type header.  Chunked bodies
+    have no length up front; the application's ``client_max_size`` stops those.
+    """
+    limit = request.app[CONFIG].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError("payload_too_large", f"the body has {request.content_length} bytes; the limit is {limit}")
+    if (
+        not (optional and hdrs.CONTENT_TYPE not in request.headers)
+        and request.content_type not in content_types
+    ):
+        expected = " or ".join(sorted(content_types))
+        raise ApiError("unsupported_media_type", f"Content-Type must be {expected}")
+    return await request.read()
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object."""
+    body = await read_body(request, JSON_TYPES)
+    if not body:
+        raise bad_request("the body is empty; send a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad_request("the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object")
+    return data
+
+
+def decode_text(body: bytes, charset: str | None) -> str:
+    """A raw body as one non-empty text, in its declared charset (utf-8 by default)."""
+    try:
+        text = body.decode(charset or "utf-8")
+    except (UnicodeDecodeError, LookupError):
+        raise bad_request("the body is not text in its declared charset (default utf-8)") from None
+    if not text:
+        raise bad_request("the body is empty; send the text to process")
+    return text
+
+
+def parse_inputs(body: Mapping[str, Any], field: str) -> tuple[list[str], bool]:
+    """The texts to run, and whether a single string came in (so a single output goes out)."""
+    if field not in body:
+        raise bad_request(f'missing "{field}"')
+    value = body[field]
+    if isinstance(value, str):
+        texts, single = [value], True
+    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        texts, single = value, False
+    else:
+        raise bad_request(f'"{field}" must be a string or a non-empty list of strings')
+    if not all(texts):
+        raise bad_request(f'"{field}" must not contain empty strings')
+    return texts, single
+
+
+def parse_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The optional ``parameters`` object, passed to the model as it is."""
+    parameters = body.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise bad_request('"parameters" must be a JSON object')
+    return parameters
+
+
+def parse_embeddings(body: Mapping[str, Any]) -> tuple[str, list[str], str]:
+    """An OpenAI embeddings request: its model, its texts and its ``encoding_format``."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request('"model" must be a non-empty string')
+    texts, _ = parse_inputs(body, "input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ENCODINGS:
+        raise bad_request('"encoding_format" must be "float" or "base64"')
+    return model, texts, encoding
+
+
+def check_limits(config: GatewayConfig, model: str, texts: list[str]) -> None:
+    """Refuse a model name, more inputs or longer ones than this gateway takes, before the broker sees them."""
+    if len(texts) > config.max_inputs:
+        raise ApiError("too_many_inputs",
+                       f"{len(texts)} inputs; the limit is {config.max_inputs} per request: split it")
+    longest = max(map(len, texts))
+    if longest > config.max_input_chars:
+        raise ApiError("input_too_long",
+                       f"an input has {longest} characters; the limit is {config.max_input_chars}")
+    if not 1 <= len(model) <= MAX_NAME_CHARS:
+        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
+
+
+def request_timeout_ms(request: web.Request) -> int | None:
+    """``X-Request-Timeout-Ms``: the caller's timeout, which may shorten but never extend the configured one."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_TIMEOUT_DIGITS and int(raw) > 0):
+        raise bad_request(f"{TIMEOUT_HEADER} must be a positive whole number of milliseconds")
+    return min(int(raw), request.app[CONFIG].timeout_ms)
+
+
+def request_priority(request: web.Request) -> int:
+    """``X-Priority``: high, normal (the default) or low, or the protocol's 0, 1, 2; case is ignored."""
+    raw = request.headers.get(PRIORITY_HEADER, "normal").strip().lower()
+    if raw not in PRIORITIES:
+        raise bad_request(f"{PRIORITY_HEADER} must be high, normal or low")
+    return PRIORITIES[raw]
