@@ -27,8 +27,9 @@ from scripts.benchmarks import (
     targets,
 )
 from scripts.benchmarks.common import Context, Settings
-from scripts.benchmarks.procs import ROOT, log
-from zbatch.runtime import eventloop
+from scripts.benchmarks.procs import log
+from zbatch.runtime import eventloop, native
+from zbatch.testing import ROOT
 
 Case = Callable[[Context], Awaitable[None]]
 # The model cases run together, interleaved in rounds (cases_model.run); the others one after another.
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     md_dir.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     raise_file_limit()
+    # Each row names the broker it measures: interpreted unless a case passes a compiled build itself.
+    os.environ.pop(native.ENV, None)
     load.QUIET["wait_s"] = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 60.0)
     load.QUIET["retries"] = 1 if load.QUIET["wait_s"] > 0 else 0
     ctx = Context(settings)

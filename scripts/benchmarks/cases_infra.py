@@ -24,16 +24,17 @@ from scripts.benchmarks.common import Context, row
 from scripts.benchmarks.idle import measure as measure_idle
 from scripts.benchmarks.idle import middle, sleeping_systems
 from scripts.benchmarks.load import closed_loop
-from scripts.benchmarks.procs import MODEL, ROOT, Procs
+from scripts.benchmarks.procs import ECHO_WORKER, MODEL
 from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.runtime import native
+from zbatch.testing import ROOT, Daemons, endpoint, spawn
 
 ECHO_WORKERS = 2
 IDLE_MODEL_MS = 10.0  # the sleeping model of the idle case: about the real model's batch 1 here
 IDLE_SYSTEMS = {"http": "zbatch gateway", "bare": "bare aiohttp"}
 PYTHON_FLOOR = "Python forwarder, no logic"
-COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: broker/native.py
+COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: zbatch/runtime/native.py
 MAX_BATCH = 32
 
 
@@ -61,27 +62,41 @@ SIMS = (CPU_CLASS, Sim("GPU-class", 5.0, 0.2))
 
 
 async def _zmq_runs(ctx: Context, case: str, system: str, frontend: str, concurrency: tuple[int, ...],
-                    p: Procs) -> None:
+                    daemons: Daemons) -> None:
     s = ctx.settings
     async with AsyncClient(frontend) as client:
         for c in concurrency:
             procs.log(f"{case}: {system} at concurrency {c}")
             result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), c, s.warmup_s, s.duration_s,
-                                       watch=p.pids())
+                                       watch=daemons.pids())
             ctx.rows.append(row(case, system, c, result))
 
 
-async def _answers(frontend: str) -> bool:
-    try:
+def _answers(frontend: str) -> bool:
+    """Whether a request through ``frontend`` comes back "ok" (a proxy has no statistics to ask)."""
+    async def ask() -> bool:
         async with AsyncClient(frontend, connect_timeout_ms=300) as client:
             reply = await client.request(MODEL, b"\x80", items=1, timeout_ms=300)
             return reply.status.value == "ok"
+
+    try:
+        return asyncio.run(ask())
     except ZBatchError:
         return False
 
 
+def _start_proxy(daemons: Daemons, mode: str, system: str) -> str:
+    """libzmq's proxy or the Python forwarder (echo_worker.py ``mode``) and its echo workers; returns its frontend."""
+    frontend, backend = endpoint(), endpoint()
+    daemons.add(spawn(ECHO_WORKER, mode, daemons.log_dir, mode, frontend=frontend, backend=backend))
+    for i in range(ECHO_WORKERS):
+        daemons.add(spawn(ECHO_WORKER, f"{mode}-echo{i}", daemons.log_dir, "proxy-worker", backend=backend))
+    daemons.wait(lambda: _answers(frontend), f"{system} and its echo workers to answer")
+    return frontend
+
+
 async def _compile_native(build: str) -> bool:
-    """scripts/compile-native into ``build`` (about 20 s); False, with the reason logged, if it cannot."""
+    """scripts/compile-native into ``build``; False, with the reason logged, if it cannot."""
     procs.log("routing: compiling the broker's hot path with mypyc (scripts/compile-native)")
     done = await asyncio.to_thread(subprocess.run, [str(ROOT / "scripts" / "compile-native"), build],
                                    env=os.environ | {"ZBATCH_VENV": sys.prefix}, capture_output=True, text=True)
@@ -104,73 +119,56 @@ async def routing(ctx: Context) -> None:
         if await _compile_native(build):
             brokers.append((COMPILED_BROKER, {native.ENV: build}))
         for system, env in brokers:
-            p = Procs()
-            try:
+            with procs.running() as daemons:
                 procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
-                frontend, backend = await procs.start_broker(p, env=env)
-                await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS)
-                await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, p)
-            finally:
-                p.close()
+                broker = await procs.start(daemons, procs.start_echo_system, ECHO_WORKERS, env=env)
+                await _zmq_runs(ctx, "routing", system, broker.frontend, ctx.settings.side_concurrency, daemons)
     for mode, system in (("proxy", "zmq.proxy"), ("forwarder", PYTHON_FLOOR)):
-        p = Procs()
-        try:
+        with procs.running() as daemons:
             procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
-            frontend, backend = procs.endpoint(), procs.endpoint()
-            p.spawn("scripts.benchmarks.echo_worker", mode, mode, "--frontend", frontend, "--backend", backend)
-            for i in range(ECHO_WORKERS):
-                p.spawn("scripts.benchmarks.echo_worker", f"{mode}-echo{i}", "proxy-worker", "--backend", backend)
-            await p.wait(lambda: _answers(frontend), f"{system} and its echo workers to answer")
-            await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, p)
-        finally:
-            p.close()
+            frontend = await procs.start(daemons, _start_proxy, mode, system)
+            await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, daemons)
+
+
+def _start_echo_gateway(daemons: Daemons, workers: int, *flags: str) -> str:
+    """Broker, ``workers`` echo workers answering 384-float vectors, and the gateway; returns the gateway's URL."""
+    broker = procs.start_echo_system(daemons, workers, *flags, "--outputs", "vector")
+    return procs.start_deployed_gateway(daemons, broker)
 
 
 async def gateway(ctx: Context) -> None:
     """The gateway in front of echo workers vs a bare aiohttp handler answering the same bytes."""
     s = ctx.settings
-    p = Procs()
-    try:
+    with procs.running() as daemons:
         procs.log(f"gateway: broker, {ECHO_WORKERS} echo workers (384-float outputs), gateway")
-        frontend, backend = await procs.start_broker(p)
-        await procs.start_echo_workers(p, frontend, backend, ECHO_WORKERS, "--outputs", "vector")
-        url = f"{await procs.start_gateway(p, frontend)}/models/{MODEL}"
+        url = f"{await procs.start(daemons, _start_echo_gateway, ECHO_WORKERS)}/models/{MODEL}"
         body_file = await saved_answer(url, "hello")
         for c in s.side_concurrency:
             procs.log(f"gateway: zbatch gateway at concurrency {c}")
             async with http_session(limit=c) as session:
                 result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s,
-                                           watch=p.pids())
+                                           watch=daemons.pids())
             ctx.rows.append(row("gateway", "zbatch gateway + echo", c, result, body_bytes=body_file.stat().st_size))
-    finally:
-        p.close()
-    p = Procs()
-    try:
-        bare = await procs.start_http_server(p, "scripts.benchmarks.baselines", "bare", "bare",
-                                             "--body-file", str(body_file))
+    with procs.running() as daemons:
+        bare = await procs.start(daemons, procs.start_http_server, "scripts.benchmarks.baselines", "bare", "bare",
+                                 "--body-file", str(body_file))
         for c in s.side_concurrency:
             procs.log(f"gateway: bare aiohttp at concurrency {c}")
             async with http_session(limit=c) as session:
                 result = await closed_loop(http_call(session, f"{bare}/models/{MODEL}", shuffled()), c,
-                                           s.warmup_s, s.duration_s, watch=p.pids())
+                                           s.warmup_s, s.duration_s, watch=daemons.pids())
             ctx.rows.append(row("gateway", "bare aiohttp", c, result))
-    finally:
-        p.close()
 
 
 async def _scale_point(ctx: Context, sim: Sim, workers: int) -> None:
     """One broker, ``workers`` simulated workers, 64 closed-loop clients per worker on one AsyncClient."""
     s = ctx.settings
     clients = s.scale_per_worker * workers
-    p = Procs()
-    try:
+    with procs.running() as daemons:
         procs.log(f"scale: broker with {workers} simulated {sim.label} worker(s), {clients} clients")
-        frontend, backend = await procs.start_broker(p)
-        await procs.start_echo_workers(p, frontend, backend, workers, *sim.flags())
-        async with AsyncClient(frontend) as client:
+        broker = await procs.start(daemons, procs.start_echo_system, workers, *sim.flags())
+        async with AsyncClient(broker.frontend) as client:
             result = await closed_loop(zmq_raw_call(client, MODEL, shuffled()), clients, s.warmup_s, s.duration_s)
-    finally:
-        p.close()
     name = f"{workers} simulated worker{'s' if workers > 1 else ''}, {sim.label}"
     ctx.rows.append(row("scale", name, clients, result, workers=workers, series=sim.label, batch_ms=sim.batch_ms,
                         item_ms=sim.item_ms, ideal_req_s=sim.ideal_req_s(workers)))

@@ -1,15 +1,16 @@
 """Cases with the real model: the limit, zbatch over HTTP and ZeroMQ, the Hugging Face guide's two servers.
 
-They run together, in rounds.  This machine drifts by 10-30 % within a
-minute (another VM's load on the host), so a comparison only holds between
-points measured close together: every system stays up, each round measures
-every point once, the limit at a batch size right before the systems at the
-matching concurrency, and each row reports the median over the rounds.  The
-ratios that the targets use are taken inside each round and then the median
-is reported (``paired``), so drift between rounds cancels out.
+They run together, in rounds.  A shared machine's speed drifts within a
+minute (other virtual machines' load on the host), so a comparison only
+holds between points measured close together: every system stays up, each
+round measures every point once, the limit at a batch size right before the
+systems at the matching concurrency, and each row reports the median over
+the rounds.  The ratios that the targets use are taken inside each round and
+then the median is reported (``paired``), so drift between rounds cancels
+out.
 
-``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (2-3x
-faster on CPUs with AVX512-BF16 or AMX), measured against a limit process in
+``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (faster
+on CPUs with AVX512-BF16 or AMX), measured against a limit process in
 bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
 same rounds when that case runs as well.  The Hugging Face guide's servers
 stay float32, as the guide writes them.
@@ -137,7 +138,7 @@ async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[in
                 async def measure() -> dict[str, Any]:
                     async with http_session(limit=c) as session:
                         return await closed_loop(http_call(session, baseline.url, shuffled()), c, s.warmup_s,
-                                                 s.duration_s, watch=baseline.procs.pids())
+                                                 s.duration_s, watch=baseline.daemons.pids())
                 return measure
 
             makers[f"baseline-{mode}"] = baseline_maker
@@ -155,10 +156,10 @@ def _zbatch_maker(ctx: Context, stack: ZbatchStack, http: bool) -> Callable[[int
             if client is None:
                 async with http_session(limit=c) as session:
                     result = await closed_loop(http_call(session, stack.url, shuffled()), c, s.warmup_s,
-                                               s.duration_s, watch=stack.procs.pids())
+                                               s.duration_s, watch=stack.daemons.pids())
             else:
                 result = await closed_loop(zmq_infer_call(client, MODEL, shuffled()), c, s.warmup_s,
-                                           s.duration_s, watch=stack.procs.pids())
+                                           s.duration_s, watch=stack.daemons.pids())
             return result | {"worker_batches": batches.difference(before, await stack.batches())}
         return measure
     return maker

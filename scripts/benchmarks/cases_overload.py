@@ -24,8 +24,9 @@ from scripts.benchmarks.cases_infra import CPU_CLASS
 from scripts.benchmarks.common import Context, row
 from scripts.benchmarks.load import closed_loop, open_loop
 from scripts.benchmarks.probe import run_probe
-from scripts.benchmarks.procs import MODEL, Procs
+from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
+from zbatch.testing import Daemons
 
 OVERLOAD_FACTOR = 4.0
 CAPACITY_CONCURRENCY = 32
@@ -50,11 +51,10 @@ async def capacity(ctx: Context, case: str, url: str) -> float:
     return ctx.capacities[case]
 
 
-async def _accelerator_stack(p: Procs) -> str:
+def _start_accelerator(daemons: Daemons) -> str:
     """Broker, one simulated accelerator worker, gateway; returns the URL to POST to."""
-    frontend, backend = await procs.start_broker(p)
-    await procs.start_echo_workers(p, frontend, backend, 1, *CPU_CLASS.flags(), "--outputs", "vector")
-    return f"{await procs.start_gateway(p, frontend)}/models/{MODEL}"
+    broker = procs.start_echo_system(daemons, 1, *CPU_CLASS.flags(), "--outputs", "vector")
+    return f"{procs.start_deployed_gateway(daemons, broker)}/models/{MODEL}"
 
 
 async def _overload(ctx: Context, system: str, url: str, measured: float) -> dict[str, Any]:
@@ -81,17 +81,15 @@ async def overload(ctx: Context) -> None:
     ctx.rows.append(_overload_row("zbatch gateway, open loop", result, measured,
                                   worker_batches=batches.difference(before, await stack.batches())))
     await stack.wait_idle()
-    p = Procs()
-    try:
-        url = await _accelerator_stack(p)
+    with procs.running() as daemons:
+        url = await procs.start(daemons, _start_accelerator)
         measured = await capacity(ctx, ACCELERATOR, url)
         ctx.rows.append(_overload_row(f"{ACCELERATOR}, open loop", await _overload(ctx, ACCELERATOR, url, measured),
                                       measured))
-    finally:
-        p.close()
 
 
-async def _storm(ctx: Context, url: str, measured: float, p: Procs) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _storm(ctx: Context, url: str, measured: float, daemons: Daemons
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """512 closed-loop clients over 512 connections, each sending again at once when refused (503).
 
     A probe in its own process times the answers meanwhile (see probe.py): the storm's
@@ -102,7 +100,7 @@ async def _storm(ctx: Context, url: str, measured: float, p: Procs) -> tuple[dic
     try:
         async with http_session(limit=0) as session:
             result = await closed_loop(http_call(session, url, shuffled()), STORM_CLIENTS, s.warmup_s, s.overload_s,
-                                       s.overload_grace_s, retry_on=REFUSED, watch=p.pids())
+                                       s.overload_grace_s, retry_on=REFUSED, watch=daemons.pids())
         probe = await probing
     finally:
         probing.cancel()
@@ -125,7 +123,7 @@ async def storm(ctx: Context) -> None:
     procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, zbatch gateway (capacity {measured:.0f} req/s)")
     await stack.wait_idle()
     before = await stack.batches()
-    result, detail = await _storm(ctx, stack.url, measured, stack.procs)
+    result, detail = await _storm(ctx, stack.url, measured, stack.daemons)
     ctx.rows.append(row("storm", "zbatch gateway", STORM_CLIENTS, result, **detail,
                         worker_batches=batches.difference(before, await stack.batches())))
     await stack.wait_idle()
@@ -133,15 +131,12 @@ async def storm(ctx: Context) -> None:
     baseline = await ctx.baseline("batched")
     measured = await capacity(ctx, "baseline-batched", baseline.url)
     procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, HF guide batched (capacity {measured:.0f})")
-    result, detail = await _storm(ctx, baseline.url, measured, baseline.procs)
+    result, detail = await _storm(ctx, baseline.url, measured, baseline.daemons)
     ctx.rows.append(row("storm", "HF guide, batched", STORM_CLIENTS, result, **detail))
 
-    p = Procs()
-    try:
-        url = await _accelerator_stack(p)
+    with procs.running() as daemons:
+        url = await procs.start(daemons, _start_accelerator)
         measured = await capacity(ctx, ACCELERATOR, url)
         procs.log(f"storm: {STORM_CLIENTS} clients retrying at once on 503, {ACCELERATOR} (capacity {measured:.0f})")
-        result, detail = await _storm(ctx, url, measured, p)
+        result, detail = await _storm(ctx, url, measured, daemons)
         ctx.rows.append(row("storm", ACCELERATOR, STORM_CLIENTS, result, **detail))
-    finally:
-        p.close()

@@ -14,7 +14,8 @@ from typing import Any
 
 from scripts.benchmarks import batches, procs
 from scripts.benchmarks.limit import LimitProcess
-from scripts.benchmarks.procs import MODEL, Procs
+from scripts.benchmarks.procs import MODEL
+from zbatch.testing import Daemons, broker_stats, start_broker
 
 IDLE_TIMEOUT_S = 60.0
 
@@ -54,7 +55,7 @@ def row(case: str, system: str, concurrency: int | str, result: dict[str, Any], 
 class ZbatchStack:
     """Broker, ONE worker (2 torch threads, Prometheus metrics on) and the gateway, as deployed."""
 
-    procs: Procs
+    daemons: Daemons
     frontend: str
     url: str
     metrics_url: str
@@ -64,19 +65,27 @@ class ZbatchStack:
 
     async def wait_idle(self) -> None:
         """Until the broker holds no work: a storm's cancelled leftovers must not run into the next measurement."""
-        async def idle() -> bool:
-            stats = await procs.broker_stats(self.frontend)
+        def idle() -> bool:
+            stats = broker_stats(self.frontend)
             if stats is None:
                 return False
             backlog = sum(m["backlog_items"] for m in stats["models"].values())
             return backlog == 0 and all(w["in_flight"] == 0 for w in stats["workers"])
 
-        await self.procs.wait(idle, "the zbatch stack to finish its leftover work", IDLE_TIMEOUT_S)
+        await procs.blocking(self.daemons.wait, idle, "the zbatch stack to finish its leftover work", IDLE_TIMEOUT_S)
+
+
+def _start_zbatch(daemons: Daemons, dtype: str) -> ZbatchStack:
+    """Broker, one real worker in ``dtype`` and the gateway, into ``daemons``."""
+    broker = daemons.add(start_broker(daemons.log_dir))
+    worker = procs.start_model_worker(daemons, broker, dtype)
+    url = procs.start_deployed_gateway(daemons, broker)
+    return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}", worker.endpoints["metrics"])
 
 
 @dataclass
 class Baseline:
-    procs: Procs
+    daemons: Daemons
     url: str  # POST one text here
 
 
@@ -103,16 +112,8 @@ class Context:
     async def zbatch(self, dtype: str = "float32") -> ZbatchStack:
         key = system_key("zbatch", dtype)
         if key not in self._stacks:
-            p = Procs()
-            try:
-                procs.log(f"starting the zbatch stack: broker, 1 worker (2 torch threads, {dtype}), gateway")
-                frontend, backend = await procs.start_broker(p)
-                metrics_url = await procs.start_model_worker(p, frontend, backend, dtype=dtype)
-                url = await procs.start_gateway(p, frontend)
-            except BaseException:
-                p.close()
-                raise
-            self._stacks[key] = ZbatchStack(p, frontend, f"{url}/models/{MODEL}", metrics_url)
+            procs.log(f"starting the zbatch stack: broker, 1 worker (2 torch threads, {dtype}), gateway")
+            self._stacks[key] = await procs.start(Daemons(), _start_zbatch, dtype)
         return self._stacks[key]
 
     async def limit(self, dtype: str = "float32") -> LimitProcess:
@@ -125,23 +126,19 @@ class Context:
     async def baseline(self, mode: str) -> Baseline:
         """The Hugging Face guide's server, ``naive`` or ``batched`` (see baselines.py)."""
         if mode not in self._baselines:
-            p = Procs()
-            try:
-                procs.log(f"starting baseline-{mode} (loads the model)")
-                url = await procs.start_http_server(p, "scripts.benchmarks.baselines", f"baseline-{mode}", mode,
-                                                    "--threads", "2")
-            except BaseException:
-                p.close()
-                raise
-            self._baselines[mode] = Baseline(p, f"{url}/models/{MODEL}")
+            procs.log(f"starting baseline-{mode} (loads the model)")
+            daemons = Daemons()
+            url = await procs.start(daemons, procs.start_http_server, "scripts.benchmarks.baselines",
+                                    f"baseline-{mode}", mode, "--threads", "2")
+            self._baselines[mode] = Baseline(daemons, f"{url}/models/{MODEL}")
         return self._baselines[mode]
 
     async def release(self, keep: set[str]) -> None:
         """Stop the long-lived systems not named in ``keep`` (system keys, or "naive" and "batched")."""
         for key in [k for k in self._stacks if k not in keep]:
             procs.log(f"stopping the {key} stack")
-            self._stacks.pop(key).procs.close()
+            procs.stop(self._stacks.pop(key).daemons)
         for key in [k for k in self._limits if k not in keep]:
             await self._limits.pop(key).close()
         for mode in [m for m in self._baselines if m not in keep]:
-            self._baselines.pop(mode).procs.close()
+            procs.stop(self._baselines.pop(mode).daemons)

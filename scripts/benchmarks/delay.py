@@ -23,10 +23,10 @@ import tempfile
 import time
 from typing import Any
 
-from scripts.benchmarks import batches, calls, load
-from scripts.benchmarks.procs import Procs, free_port, start_broker, wait_workers
+from scripts.benchmarks import batches, calls, load, procs
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
+from zbatch.testing import Daemon, Daemons, free_port, start_broker, start_worker
 
 BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
 ITEM_MS = 0.2  # and of each item in it
@@ -53,26 +53,34 @@ class SleepRunner:
         return [len(text) for text in inputs]
 
 
-async def start_simulated_worker(procs: Procs, frontend: str, backend: str, batch_ms: float, item_ms: float,
-                                 *flags: str) -> str:
-    """The real worker serving model ``simulated`` with a :class:`SleepRunner`; returns its metrics URL."""
-    metrics_port = free_port()
-    procs.spawn("worker", "w0", "--backend", backend, "--name", "w0", "--workers", "1", "--torch-threads", "1",
-                "--task", "python:scripts.benchmarks.delay:SleepRunner", "--model-path", tempfile.mkdtemp(),
-                "--model-name", MODEL, "--metrics-port", str(metrics_port), *flags,
-                env={COST_ENV: f"{batch_ms},{item_ms}"})
-    await wait_workers(procs, frontend, 1)
-    return f"http://127.0.0.1:{metrics_port}/metrics"
+def start_simulated_worker(daemons: Daemons, broker: Daemon, batch_ms: float, item_ms: float,
+                           **settings: Any) -> str:
+    """The real worker serving model ``simulated`` with a :class:`SleepRunner` (``settings`` as its flags).
+
+    Returns its metrics URL.
+    """
+    port = free_port()
+    daemons.add(start_worker(broker, daemons.log_dir, "w0", env={COST_ENV: f"{batch_ms},{item_ms}"}, workers=1,
+                             torch_threads=1, task="python:scripts.benchmarks.delay:SleepRunner",
+                             model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=port, **settings))
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def start_simulated_system(daemons: Daemons, /, batch_ms: float, item_ms: float, **settings: Any) -> tuple[str, str]:
+    """A broker and the simulated worker (``settings`` as its flags).
+
+    Returns the broker's frontend and the worker's metrics URL.
+    """
+    broker = daemons.add(start_broker(daemons.log_dir))
+    return broker.frontend, start_simulated_worker(daemons, broker, batch_ms, item_ms, **settings)
 
 
 async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: float, item_ms: float
                   ) -> dict[str, Any]:
     """Throughput and batch sizes of ``concurrency`` closed-loop clients with this batch delay."""
-    procs = Procs()
-    try:
-        frontend, backend = await start_broker(procs)
-        metrics = await start_simulated_worker(procs, frontend, backend, batch_ms, item_ms, "--max-batch-size",
-                                               str(MAX_BATCH), "--max-batch-delay-ms", str(delay_ms))
+    with procs.running() as daemons:
+        frontend, metrics = await procs.start(daemons, start_simulated_system, batch_ms, item_ms,
+                                              max_batch_size=MAX_BATCH, max_batch_delay_ms=delay_ms)
         async with AsyncClient(frontend) as client:
             call = calls.zmq_infer_call(client, MODEL, ["a short text"])
             before = await batches.snapshot(metrics)
@@ -81,8 +89,6 @@ async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: f
         full = min(concurrency, MAX_BATCH)
         ideal = full / (batch_ms + item_ms * full) * 1000
         return {"req_s": result["req_s"], "ideal": ideal, "p50_ms": result["p50_ms"], "batches": ran}
-    finally:
-        procs.close()
 
 
 def main() -> None:
@@ -95,7 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"Simulated accelerator: {args.batch_ms:g} ms per batch + {args.item_ms:g} ms per item, "
           f"batches of up to {MAX_BATCH}.")
-    print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |\n|---|---|---|---|---|---|")
+    print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |")
+    print("|---|---|---|---|---|---|")
     for delay in (float(d) for d in args.delays.split(",")):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             cell = eventloop.run(measure(delay, concurrency, args.seconds, args.batch_ms, args.item_ms))

@@ -17,9 +17,9 @@ CPUs sit idle between the hops.
 ``/dev/cpu_dma_latency`` at 0 (root only), which keeps idle CPUs in their
 polling state instead of halting them.  In a virtual machine a halted vCPU
 exits to the host, and waking it again is slow; the difference between the
-two rows is that cost.  It answers why the idle-overhead target is missed
-here (see BENCHMARKS.md, Analysis); the ``idle`` case of ``scripts/bench``
-repeats its 10 ms HTTP points in every run.
+two rows is that cost, the share of the idle overhead that waking halted
+CPUs accounts for (see BENCHMARKS.md, Analysis); the ``idle`` case of
+``scripts/bench`` repeats its 10 ms HTTP points in every run.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from typing import Any
 
 import aiohttp
 
-from scripts.benchmarks import batches, calls, load
+from scripts.benchmarks import batches, calls, load, procs
 from scripts.benchmarks.delay import MODEL, start_simulated_worker
-from scripts.benchmarks.procs import Procs, start_broker, start_gateway, start_http_server
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
+from zbatch.testing import Daemons, start_broker
 
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
 CPUIDLE = Path("/sys/devices/system/cpu")
@@ -120,6 +120,16 @@ def middle(results: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(results, key=lambda result: result["added_ms"])[len(results) // 2]
 
 
+def _start_sleeping_zbatch(daemons: Daemons, model_ms: float) -> tuple[str, str, str]:
+    """Broker, the worker around a model sleeping ``model_ms`` a call, and the gateway.
+
+    Returns the broker's frontend, the worker's metrics URL and the gateway's URL.
+    """
+    broker = daemons.add(start_broker(daemons.log_dir))
+    metrics = start_simulated_worker(daemons, broker, model_ms, 0.0)
+    return broker.frontend, metrics, procs.start_deployed_gateway(daemons, broker, models=MODEL)
+
+
 @asynccontextmanager
 async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
                            ) -> AsyncIterator[dict[str, SleepingPath]]:
@@ -127,15 +137,13 @@ async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
 
     Yields each of ``paths``: "zmq" (the AsyncClient), "http" (the gateway) and "bare".
     """
-    procs = Procs()
-    try:
-        frontend, backend = await start_broker(procs)
-        metrics = await start_simulated_worker(procs, frontend, backend, model_ms, 0.0)
-        gateway = await start_gateway(procs, frontend, "--models", MODEL)
+    with procs.running() as daemons:
+        frontend, metrics, gateway = await procs.start(daemons, _start_sleeping_zbatch, model_ms)
         url = f"{gateway}/models/{MODEL}"
-        bare = await start_http_server(procs, "scripts.benchmarks.baselines", "bare", "bare", "--body-file",
-                                       str(await calls.saved_answer(url, TEXTS[0])), "--sleep-ms", str(model_ms))
-        pids = procs.pids()
+        body_file = await calls.saved_answer(url, TEXTS[0])
+        bare = await procs.start(daemons, procs.start_http_server, "scripts.benchmarks.baselines", "bare", "bare",
+                                 "--body-file", str(body_file), "--sleep-ms", str(model_ms))
+        pids = daemons.pids()
         zbatch = {name: pids[name] for name in ("broker", "w0")}
         async with (AsyncClient(frontend) as client, calls.http_session(limit=1) as session,
                     calls.http_session(limit=1) as bare_session):
@@ -147,8 +155,6 @@ async def sleeping_systems(model_ms: float, paths: tuple[str, ...] = PATHS
                                      bare_model_time(bare), {"bare": pids["bare"]}),
             }
             yield {path: every[path] for path in paths}
-    finally:
-        procs.close()
 
 
 async def model_point(model_ms: float, modes: list[str], seconds: float, rounds: int) -> dict[str, dict[str, Any]]:

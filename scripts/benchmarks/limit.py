@@ -23,8 +23,8 @@ import numpy as np
 
 from scripts.benchmarks import cpu
 from scripts.benchmarks.model import load
-from scripts.benchmarks.procs import ROOT
 from scripts.benchmarks.texts import shuffled
+from zbatch.testing import ROOT
 
 
 def measure(runner: Any, batch_size: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
@@ -55,14 +55,11 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from worker.runners.grouping import NEVER_SPLIT
-
-    runner = load(args.threads, grouped=True, dtype=args.dtype)
-    calibrated = runner.cost_model
+    runner = load(args.threads, dtype=args.dtype)
     print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
-        runner.cost_model = calibrated if order.get("grouped") else NEVER_SPLIT
+        runner.set_length_grouping(bool(order.get("grouped")))
         result = measure(runner, int(order["batch_size"]), float(order["warmup_s"]), float(order["duration_s"]))
         print(json.dumps(result | {"grouped": bool(order.get("grouped"))}), flush=True)
 

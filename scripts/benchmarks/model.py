@@ -2,25 +2,29 @@
 
 The limit and the Hugging Face guide's servers call the same runner the
 worker uses, so the numbers compare serving, not two implementations of
-mean pooling.  Without ``grouped`` the runner never splits a batch by length:
-one padded forward pass per batch, as the guide's code and the offline
-"batch 32" rate of the issue do; padding-aware grouping is zbatch's own.
-``dtype`` is the worker's ``--dtype``: the bfloat16 case compares like with like.
+mean pooling.  Without ``grouped`` the runner never splits a batch by length
+(:meth:`~worker.runners.embeddings.EmbeddingRunner.set_length_grouping`):
+one padded forward pass per batch, as the guide's code and a plain offline
+loop run it; padding-aware grouping is zbatch's own.  ``dtype`` is the
+worker's ``--dtype``: the bfloat16 case compares like with like.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.runners.embeddings import EmbeddingRunner
 
 
-def load(threads: int, grouped: bool = False, dtype: str = "float32") -> Any:
+def load(threads: int, grouped: bool = False, dtype: str = "float32") -> EmbeddingRunner:
     import torch
 
     from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, load_runner
-    from worker.runners.grouping import NEVER_SPLIT
+    from worker.runners.embeddings import EmbeddingRunner
 
     torch.set_num_threads(threads)
     runner = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu", dtype=dtype))
-    if not grouped:
-        runner.cost_model = NEVER_SPLIT
+    assert isinstance(runner, EmbeddingRunner), f"{DEFAULT_MODEL_NAME} loads as {type(runner).__name__}"
+    runner.set_length_grouping(grouped)
     return runner

@@ -18,9 +18,9 @@ from typing import Any
 
 from scripts.benchmarks.calls import http_call, http_session
 from scripts.benchmarks.load import open_loop
-from scripts.benchmarks.procs import ROOT
 from scripts.benchmarks.texts import shuffled
 from zbatch.runtime import eventloop
+from zbatch.testing import ROOT
 
 
 async def probe(url: str, rate: float, duration_s: float) -> dict[str, Any]:

@@ -1,43 +1,39 @@
-"""Start the systems under test as real subprocesses on free loopback ports, and always stop them.
+"""The systems the benchmarks start, built on the harness the tests use (:mod:`zbatch.testing`).
 
-Kept separate from tests/daemons.py on purpose: benchmarks must not depend on
-test helpers, and they need async readiness checks (the load generator owns
-the event loop) plus launchers for the fakes and baselines in this package.
+Each system is a :class:`~zbatch.testing.Daemons` group: real daemons on free
+loopback ports, started by their command-line flags, plus the fakes and
+baselines of this package, stopped together.  The harness blocks and the load
+generator owns the event loop, so starts and waits run in a thread
+(:func:`blocking`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import aiohttp
+from zbatch.testing import (
+    Daemon,
+    DaemonFailure,
+    Daemons,
+    free_port,
+    spawn,
+    start_broker,
+    start_gateway,
+    start_http,
+    start_worker,
+    wait_for_worker,
+)
 
-from zbatch.client import AsyncClient, ZBatchError
+P = ParamSpec("P")
+T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "all-MiniLM-L6-v2"
-START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def endpoint() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
+ECHO_WORKER = "scripts.benchmarks.echo_worker"
 
 
 def log(message: str) -> None:
@@ -45,140 +41,76 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return f"--- last lines of {self.name} log ({self.log_path}) ---\n" + "\n".join(text.splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if the process has not exited in time."""
-        if not self.alive():
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log(f"{self.name} ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s; killing it")
-            self.popen.kill()
-            self.popen.wait()
-
-
-@dataclass
-class Procs:
-    """The processes of one system; ``close`` stops them all, newest first."""
-
-    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="zbatch-bench-")))
-    procs: list[Proc] = field(default_factory=list)
-
-    def spawn(self, module: str, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        """``env`` adds variables; the caller's own ZBATCH_* settings never leak into a benchmark."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ZBATCH_")} | (env or {})
-        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        log_path = self.log_dir / f"{name}.log"
-        with log_path.open("wb") as out:
-            popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
-                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
-        return proc
-
-    def pids(self) -> dict[str, int]:
-        """Name: pid of each process started, so a measurement can price each one's CPU."""
-        return {proc.name: proc.popen.pid for proc in self.procs}
-
-    def close(self) -> None:
-        while self.procs:
-            proc = self.procs.pop()
-            try:
-                proc.stop()
-            except Exception as exc:  # keep stopping the others whatever happens
-                log(f"could not stop {proc.name}: {exc}")
-
-    async def wait(self, condition: Callable[[], Awaitable[Any]], what: str,
-                   timeout_s: float = START_TIMEOUT_S) -> Any:
-        """Poll ``condition`` until truthy; fail with every dead process's log after the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            dead = [p for p in self.procs if not p.alive()]
-            if dead:
-                raise RuntimeError(f"{dead[0].name} exited while waiting for {what}\n{dead[0].tail()}")
-            result = await condition()
-            if result:
-                return result
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}\n"
-                           + "\n".join(p.tail() for p in self.procs))
-
-
-async def broker_stats(frontend: str) -> dict[str, Any] | None:
+async def blocking(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``call(*args, **kwargs)`` in a thread.  Cancelled, this still waits for the call to return before passing
+    the cancellation on, so every daemon it started is in its group by the time the caller stops the group."""
+    task = asyncio.ensure_future(asyncio.to_thread(call, *args, **kwargs))
     try:
-        async with AsyncClient(frontend, connect_timeout_ms=300) as client:
-            return await client.stats(timeout_ms=500)
-    except ZBatchError:
-        return None
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
-async def http_ok(url: str) -> bool:
+async def start(daemons: Daemons, build: Callable[Concatenate[Daemons, P], T], *args: P.args,
+                **kwargs: P.kwargs) -> T:
+    """:func:`blocking` ``build(daemons, *args, **kwargs)``, which starts daemons into ``daemons``.
+
+    If it fails, every daemon in ``daemons`` is stopped.
+    """
     try:
-        async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return False
+        return await blocking(build, daemons, *args, **kwargs)
+    except BaseException:
+        stop(daemons)
+        raise
 
 
-async def start_broker(procs: Procs, *flags: str, env: dict[str, str] | None = None) -> tuple[str, str]:
-    frontend, backend = endpoint(), endpoint()
-    procs.spawn("broker", "broker", "--frontend", frontend, "--backend", backend, *flags, env=env)
-    await procs.wait(lambda: broker_stats(frontend), "the broker to answer STATS")
-    return frontend, backend
+def stop(daemons: Daemons) -> None:
+    """Stop a system; a daemon that had to be killed is logged, and the run goes on."""
+    try:
+        daemons.close()
+    except DaemonFailure as failure:
+        log(f"stopping a system: {failure}")
 
 
-async def wait_workers(procs: Procs, frontend: str, count: int) -> None:
-    async def enough() -> bool:
-        stats = await broker_stats(frontend)
-        return stats is not None and len(stats["workers"]) >= count
+@contextmanager
+def running() -> Iterator[Daemons]:
+    """A new, empty system (a group of daemons with its own log folder), stopped at the end of the block."""
+    daemons = Daemons()
+    try:
+        yield daemons
+    finally:
+        stop(daemons)
 
-    await procs.wait(enough, f"{count} worker(s) to register")
+
+def start_echo_system(daemons: Daemons, workers: int, *flags: str, env: dict[str, str] | None = None) -> Daemon:
+    """A broker (``env`` added to its environment) and ``workers`` instant workers (echo_worker.py, ``flags``)
+    named echo0, echo1, ...; returns the broker."""
+    broker = daemons.add(start_broker(daemons.log_dir, env=env))
+    echoes = [daemons.add(spawn(ECHO_WORKER, f"echo{i}", daemons.log_dir, "broker", *flags,
+                                backend=broker.backend, name=f"echo{i}")) for i in range(workers)]
+    for echo in echoes:
+        wait_for_worker(broker, echo)
+    return broker
 
 
-async def start_model_worker(procs: Procs, frontend: str, backend: str, name: str = "w0",
-                             dtype: str = "float32") -> str:
-    """One real worker with the whole machine's 2 torch threads, logging as deployed; returns its metrics URL."""
+def start_model_worker(daemons: Daemons, broker: Daemon, dtype: str = "float32") -> Daemon:
+    """One real worker with the whole machine's 2 torch threads, logging as deployed, metrics on."""
     port = free_port()
-    procs.spawn("worker", name, "--backend", backend, "--name", name, "--workers", "1",
-                "--torch-threads", "2", "--device", "cpu", "--dtype", dtype, "--metrics-port", str(port))
-    await wait_workers(procs, frontend, 1)
-    return f"http://127.0.0.1:{port}/metrics"
+    worker = daemons.add(start_worker(broker, daemons.log_dir, "w0", workers=1, torch_threads=2, device="cpu",
+                                      dtype=dtype, metrics_port=port))
+    worker.endpoints["metrics"] = f"http://127.0.0.1:{port}/metrics"
+    return worker
 
 
-async def start_echo_workers(procs: Procs, frontend: str, backend: str, count: int, *flags: str) -> None:
-    for i in range(count):
-        procs.spawn("scripts.benchmarks.echo_worker", f"echo{i}", "broker", "--backend", backend,
-                    "--name", f"echo{i}", *flags)
-    await wait_workers(procs, frontend, count)
+def start_deployed_gateway(daemons: Daemons, broker: Daemon, **settings: Any) -> str:
+    """The gateway at its default log level, as deployed (``settings`` as its flags), once it reaches the broker.
+
+    Returns its URL.
+    """
+    return daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz", **settings)).url
 
 
-async def start_gateway(procs: Procs, frontend: str, *flags: str) -> str:
-    port = free_port()
-    # The default log level, as deployed.
-    procs.spawn("gateway", "gateway", "--frontend", frontend, "--port", str(port), *flags)
-    url = f"http://127.0.0.1:{port}"
-    await procs.wait(lambda: http_ok(url + "/readyz"), "the gateway to be ready")
-    return url
-
-
-async def start_http_server(procs: Procs, module: str, name: str, *args: str) -> str:
-    """A baseline or bare server from this package; it must answer GET /healthz when ready."""
-    port = free_port()
-    procs.spawn(module, name, *args, "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    await procs.wait(lambda: http_ok(url + "/healthz"), f"{name} to answer /healthz")
-    return url
+def start_http_server(daemons: Daemons, module: str, name: str, *args: str) -> str:
+    """A baseline or bare server from this package, once it answers GET /healthz; returns its URL."""
+    return daemons.add(start_http(module, name, daemons.log_dir, *args)).url

@@ -1,18 +1,16 @@
 """Run the real gateway as a subprocess and talk HTTP to it.
 
 Nothing here fakes the gateway: each test starts ``python -m gateway`` on a
-free port and waits for ``/healthz`` (or a given predicate) by polling, never
-by sleeping.  Every process is stopped with SIGTERM, and killed if it hangs.
+free port through the shared harness (:mod:`zbatch.testing`) and waits for
+``/healthz`` (or a given predicate) by polling, never by sleeping.  Every
+process is stopped with SIGTERM, and killed if it hangs.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import free_port, wait_until
+from tests.daemons import Daemon, free_port, spawn, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -47,10 +45,13 @@ class Response:
 
 @dataclass
 class Gateway:
-    process: subprocess.Popen[bytes]
+    daemon: Daemon
     port: int
-    log_path: Path
     frontend: str
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.daemon.process
 
     @property
     def url(self) -> str:
@@ -85,26 +86,19 @@ class Gateway:
         )
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        """The whole log (:meth:`Daemon.log` gives only its end)."""
+        return self.daemon.log_path.read_text(errors="replace")
 
     def is_healthy(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"gateway exited with {self.process.returncode}:\n{self.log()}")
+        self.daemon.check()
         try:
             return self.request("GET", "/healthz", timeout_s=1.0).status == 200
         except OSError:
             return False
 
     def stop(self) -> int:
-        """SIGTERM and wait, killing the process if it hangs; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        """SIGTERM and wait; returns the exit code (a gateway that hangs is killed, and the test fails)."""
+        return self.daemon.stop(STOP_TIMEOUT_S)
 
 
 def spawn_gateway(
@@ -113,15 +107,8 @@ def spawn_gateway(
     """Start ``python -m gateway`` without waiting; by default its frontend has no listener."""
     port = free_port() if port is None else port
     frontend = frontend or f"tcp://127.0.0.1:{free_port()}"
-    log_path = tmp_path / f"gateway-{port}.log"
-    command = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--frontend", frontend, *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZBATCH_")}
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT
-        )
-    return Gateway(process, port, log_path, frontend)
+    daemon = spawn("gateway", f"gateway-{port}", tmp_path, *args, host="127.0.0.1", port=port, frontend=frontend)
+    return Gateway(daemon, port, frontend)
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.daemons import (
-    _spawn,
     broker_stats,
     free_port,
     http_status,
+    spawn,
     start_broker,
     start_gateway,
     wait_until,
@@ -140,7 +140,7 @@ def test_gateway_tells_systemd_ready_watchdog_and_stopping(systemd: FakeSystemd,
 def test_worker_is_ready_only_once_the_broker_has_registered_it(systemd: FakeSystemd, log_dir: Path) -> None:
     backend = f"tcp://127.0.0.1:{free_port()}"
     env = {"NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": "1000000"}
-    worker = _spawn("worker", "w1", {"backend": backend, "name": "w1", "workers": 2}, log_dir, env)
+    worker = spawn("worker", "w1", log_dir, env=env, backend=backend, name="w1", workers=2)
     broker = None
     try:
         wait_until(lambda: "serving" in worker.log_path.read_text(), 120, "the model to load", worker.log)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.runners.grouping import CostModel, calibrate, plan_groups
+from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 from worker.runners.spec import InputError, ModelSpec, check_inputs, quoted_names
 
 if TYPE_CHECKING:
@@ -35,6 +35,16 @@ class EmbeddingRunner:
         self.max_length = self._max_length()
         self.cost_model = CostModel(0.0)
         self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
+        self._length_grouping = True
+
+    def set_length_grouping(self, enabled: bool) -> None:
+        """Group batches by length (the default), or run every batch as one padded pass.
+
+        Off, the model runs as plain serving code runs it, which is what a
+        comparison with such code needs.  The embeddings agree either way, to
+        float rounding.
+        """
+        self._length_grouping = enabled
 
     def warm_up(self) -> None:
         """Run a tiny batch (lazy initialisation), then measure what padding costs on this device."""
@@ -64,7 +74,7 @@ class EmbeddingRunner:
         if len(inputs) == 1:  # no plan to make, and no second tokenisation on the latency path
             return self._embed(inputs, normalize)
         lengths = self._lengths(inputs)
-        groups = plan_groups(lengths, self.cost_model)
+        groups = plan_groups(lengths, self.cost_model if self._length_grouping else NEVER_SPLIT)
         self.modelled_seconds = self.cost_model.seconds(groups, lengths)
         outputs: list[np.ndarray] = [np.empty(0, np.float32)] * len(inputs)
         for group in groups:

@@ -1,0 +1,47 @@
+"""EmbeddingRunner.set_length_grouping: off, every batch runs as one padded pass, with the same embeddings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, embeddings, load_runner
+from worker.runners.grouping import CostModel, plan_groups
+
+TEXTS = ["hi", "a short sentence", "a much longer sentence that pads every short one in its batch " * 4] * 4
+
+
+@pytest.fixture(scope="module")
+def runner() -> embeddings.EmbeddingRunner:
+    loaded = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path()))
+    assert isinstance(loaded, embeddings.EmbeddingRunner)
+    return loaded
+
+
+def test_off_runs_one_pass_and_on_again_uses_the_calibrated_plan(
+        runner: embeddings.EmbeddingRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    plans: list[tuple[CostModel, int]] = []
+
+    def spy(lengths: Sequence[int], model: CostModel) -> list[list[int]]:
+        groups = plan_groups(lengths, model)
+        plans.append((model, len(groups)))
+        return groups
+
+    monkeypatch.setattr("worker.runners.embeddings.plan_groups", spy)
+    grouped = runner.run(TEXTS, {})
+    runner.set_length_grouping(False)
+    try:
+        one_pass = runner.run(TEXTS, {})
+        one_pass_seconds = runner.modelled_seconds
+    finally:
+        runner.set_length_grouping(True)
+    again = runner.run(TEXTS, {})
+    assert plans[1][1] == 1, "off: one padded pass"
+    assert plans[0][0] == plans[2][0] == runner.cost_model, "on: the plan of the calibrated cost model"
+    if runner.cost_model.seconds_per_token:
+        assert one_pass_seconds > 0, "off, the thread governor still gets the pass's modelled time"
+    for want, got, back in zip(grouped, one_pass, again, strict=True):
+        assert np.abs(want - got).max() < 1e-5
+        assert np.abs(want - back).max() < 1e-5

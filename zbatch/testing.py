@@ -1,0 +1,343 @@
+"""Real zbatch daemons for integration tests and benchmarks: start them, wait until they serve, stop them.
+
+What :mod:`aiohttp.test_utils` is to an aiohttp app, this is to the daemons,
+but with real processes: each one runs as ``python -m <module>`` with
+command-line flags, on free loopback ports, its output in a log file.
+Nothing here imports a daemon package, so the same calls start any module
+that takes flags (a fake worker, a baseline server).
+
+* Every wait polls a condition until a timeout, never a bare sleep, and a
+  failed wait raises :class:`DaemonFailure` with the log of the daemon at
+  fault, so a broken start reads at a glance.
+* A ``start_*`` function returns a daemon that serves, or stops it and raises.
+* :meth:`Daemon.stop` sends SIGTERM, then SIGKILL if the daemon does not exit
+  in time; :class:`Daemons` stops a whole group, newest first.
+* A daemon gets the caller's environment minus its zbatch settings and
+  systemd's variables (:func:`daemon_env`), so a test run under systemd, or
+  in a shell with ``ZBATCH_*`` exported, configures nothing by accident.
+
+The calls block.  From async code, run them in a thread
+(``await asyncio.to_thread(start_broker, log_dir)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from zbatch.client import AsyncClient, ZBatchError
+from zbatch.runtime import native
+from zbatch.runtime.curve import CurveKeys
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent  # holds zbatch/ and the daemon packages: each daemon's cwd
+START_TIMEOUT_S = 180.0  # long enough to load a model on a busy machine
+STOP_TIMEOUT_S = 20.0
+POLL_S = 0.05
+LOG_LINES = 40
+STRIPPED_ENV = ("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_")  # prefixes of variables a daemon never inherits
+KEPT_ENV = (native.ENV,)  # except these: a compiled build chosen for the whole run reaches the daemons
+
+
+class DaemonFailure(AssertionError):
+    """A daemon did not start, answer or stop as it should; the message ends with its log.
+
+    An ``AssertionError``, so a test reports it as a failed check.
+    """
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def endpoint() -> str:
+    """A ZeroMQ endpoint on a free loopback port."""
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def wait_until(condition: Callable[[], T], timeout_s: float, what: str, log: Callable[[], str] = str) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that.
+
+    After ``timeout_s`` this raises :class:`DaemonFailure` naming ``what``, with ``log()`` appended.
+    An exception from ``condition`` ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(POLL_S)
+    raise DaemonFailure(f"timed out after {timeout_s:g} s waiting for {what}\n{log()}")
+
+
+@dataclass
+class Daemon:
+    """One process started by :func:`spawn`, with its log and the addresses it serves on."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    endpoints: dict[str, str] = field(default_factory=dict)  # "frontend", "backend", "url", or the caller's own
+    curve: CurveKeys | None = None  # a CURVE broker: the client keys its statistics are asked with
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return self.endpoints["url"]
+
+    @property
+    def frontend(self) -> str:
+        return self.endpoints["frontend"]
+
+    @property
+    def backend(self) -> str:
+        return self.endpoints["backend"]
+
+    def log(self, lines: int = LOG_LINES) -> str:
+        """The last ``lines`` of the log, under a header naming the daemon and the file."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        tail = "\n".join(text.splitlines()[-lines:])
+        return f"--- last lines of {self.name} log ({self.log_path}) ---\n{tail}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def check(self) -> None:
+        """Raise :class:`DaemonFailure`, with the log, if the process has exited."""
+        if not self.alive():
+            raise DaemonFailure(f"{self.name} exited with code {self.process.returncode}\n{self.log()}")
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` if the process still runs."""
+        if self.alive():
+            self.process.send_signal(signum)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait; returns the exit code.
+
+        A daemon still running after ``timeout_s`` is killed, and then this
+        raises :class:`DaemonFailure`: a daemon must exit on SIGTERM.
+        """
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise DaemonFailure(f"{self.name} ignored SIGTERM for {timeout_s:g} s\n{self.log()}") from None
+
+
+def flags(settings: Mapping[str, object]) -> list[str]:
+    """Command-line flags: ``max_batch_size=8`` gives ``--max-batch-size 8``, a tuple a comma-separated list."""
+    args: list[str] = []
+    for key, value in settings.items():
+        text = ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+        args += ["--" + key.replace("_", "-"), text]
+    return args
+
+
+def daemon_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a daemon starts with; ``extra`` is applied last.
+
+    The caller's, without ``ZBATCH_*`` settings (a daemon's settings come
+    from its flags) or ``NOTIFY_SOCKET``/``WATCHDOG_*`` (a run under systemd
+    must not have its daemons notify that systemd), but with
+    ``ZBATCH_NATIVE_DIR``; offline for Hugging Face, and with :data:`ROOT`
+    importable.
+    """
+    env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or not k.startswith(STRIPPED_ENV)}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return env | dict(extra or {})
+
+
+def spawn(module: str, name: str, log_dir: Path, /, *args: str, env: Mapping[str, str] | None = None,
+          **settings: object) -> Daemon:
+    """Start ``python -m module *args`` plus ``settings`` as flags, logging to ``log_dir/name.log``; no wait.
+
+    ``env`` adds variables to :func:`daemon_env`.  A setting may be called ``name``
+    (the worker's ``--name``): ``module``, ``name`` and ``log_dir`` are positional only.
+    """
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", module, *args, *flags(settings)], stdout=log,
+                                   stderr=subprocess.STDOUT, env=daemon_env(env), cwd=ROOT)
+    return Daemon(name, process, log_path)
+
+
+def _started(daemon: Daemon, condition: Callable[[], object], what: str) -> Daemon:
+    """``daemon`` once ``condition`` holds; if it exits first or the wait times out, stop it and fail."""
+    def ready() -> object:
+        daemon.check()
+        return condition()
+
+    try:
+        wait_until(ready, START_TIMEOUT_S, what, daemon.log)
+    except BaseException:
+        with contextlib.suppress(DaemonFailure):
+            daemon.stop()
+        raise
+    return daemon
+
+
+def broker_stats(frontend: str, timeout_ms: int = 1000, curve: CurveKeys | None = None) -> dict[str, Any] | None:
+    """The broker's statistics, or None if it does not answer within ``timeout_ms``."""
+    async def ask() -> dict[str, Any]:
+        async with AsyncClient(frontend, connect_timeout_ms=timeout_ms, curve=curve) as client:
+            return await client.stats(timeout_ms=timeout_ms)
+
+    try:
+        return asyncio.run(ask())
+    except ZBatchError:
+        return None
+
+
+def http_status(url: str, timeout_s: float = 2.0) -> int | None:
+    """The status of ``GET url``, or None if nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return None
+
+
+def start_broker(log_dir: Path, name: str = "broker", *, env: Mapping[str, str] | None = None,
+                 curve: CurveKeys | None = None, **settings: object) -> Daemon:
+    """A broker on fresh ports, or on ``frontend``/``backend`` if given (a restart); ready once it answers.
+
+    ``curve``: a client's keys, for a broker started with CURVE settings.
+    """
+    ends = {"frontend": str(settings.pop("frontend", None) or endpoint()),
+            "backend": str(settings.pop("backend", None) or endpoint())}
+    daemon = spawn("broker", name, log_dir, env=env, **ends, **settings)
+    daemon.endpoints, daemon.curve = ends, curve
+    return _started(daemon, lambda: broker_stats(daemon.frontend, curve=curve) is not None, "the broker to answer")
+
+
+def _lists(broker: Daemon, worker: Daemon) -> bool:
+    """Whether ``broker`` lists ``worker`` (by its name); fails at once if either has exited."""
+    worker.check()
+    broker.check()
+    stats = broker_stats(broker.frontend, curve=broker.curve) or {"workers": []}
+    return any(w["name"] == worker.name for w in stats["workers"])
+
+
+def wait_for_worker(broker: Daemon, worker: Daemon, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until ``broker`` lists ``worker``; fails at once if either exits."""
+    wait_until(lambda: _lists(broker, worker), timeout_s, f"worker {worker.name} to register", worker.log)
+
+
+def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True,
+                 env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+    """A worker of ``broker`` (2 inference workers unless told otherwise); ready once the broker lists it.
+
+    With ``wait=False`` it returns at once: start several, then :func:`wait_for_worker` on each.
+    """
+    settings = {"backend": broker.backend, "name": name, "workers": 2} | settings
+    daemon = spawn("worker", name, log_dir, env=env, **settings)
+    if wait:
+        _started(daemon, lambda: _lists(broker, daemon), f"worker {name} to register")
+    return daemon
+
+
+def start_http(module: str, name: str, log_dir: Path, /, *args: str, ready: str = "/healthz",
+               env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+    """A module that serves HTTP on ``--port``, on a free port; ready once ``GET ready`` answers 200."""
+    port = free_port()
+    daemon = spawn(module, name, log_dir, *args, env=env, **settings, port=port)
+    daemon.endpoints["url"] = f"http://127.0.0.1:{port}"
+    return _started(daemon, lambda: http_status(daemon.url + ready) == 200, f"{name} to answer {ready}")
+
+
+def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env: Mapping[str, str] | None = None,
+                  **settings: object) -> Daemon:
+    """A gateway in front of ``broker``; ``ready="/readyz"`` also waits until it reaches the broker."""
+    settings = {"frontend": broker.frontend} | settings
+    return start_http("gateway", "gateway", log_dir, ready=ready, env=env, **settings)
+
+
+class Daemons(dict[str, Daemon]):
+    """Daemons by name that live and die together, logging to one folder (a fresh one by default).
+
+    ``close``, or the end of a ``with`` block, stops them all, newest first.
+    """
+
+    def __init__(self, log_dir: Path | None = None) -> None:
+        super().__init__()
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="zbatch-"))
+
+    def __enter__(self) -> Daemons:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def add(self, daemon: Daemon) -> Daemon:
+        """Take ``daemon`` into the group (its name must be new); returns it."""
+        if daemon.name in self:
+            raise ValueError(f"a daemon named {daemon.name!r} is already in this group")
+        self[daemon.name] = daemon
+        return daemon
+
+    def pids(self) -> dict[str, int]:
+        return {name: daemon.pid for name, daemon in self.items()}
+
+    def logs(self) -> str:
+        return "\n".join(daemon.log() for daemon in self.values())
+
+    def wait(self, condition: Callable[[], T], what: str, timeout_s: float = START_TIMEOUT_S) -> T:
+        """:func:`wait_until` ``condition``, failing at once if any member exits; a timeout shows every log."""
+        def check() -> T:
+            for daemon in self.values():
+                daemon.check()
+            return condition()
+
+        return wait_until(check, timeout_s, what, self.logs)
+
+    def close(self) -> None:
+        """Stop every member, newest first, even if one fails; then raise what went wrong, if anything."""
+        failures: list[str] = []
+        for daemon in reversed(list(self.values())):
+            try:
+                daemon.stop()
+            except DaemonFailure as failure:
+                failures.append(str(failure))
+        if failures:
+            raise DaemonFailure("\n".join(failures))
+
+
+@contextlib.contextmanager
+def running_stack(log_dir: Path, workers: int = 2, *, broker: Mapping[str, Any] | None = None,
+                  worker: Mapping[str, Any] | None = None, gateway: bool = True) -> Iterator[Daemons]:
+    """A broker, ``workers`` workers named w1, w2, ... and a gateway, each with its settings; stopped on exit."""
+    with Daemons(log_dir) as daemons:
+        started = daemons.add(start_broker(log_dir, **(broker or {})))
+        names = [f"w{i + 1}" for i in range(workers)]
+        for name in names:
+            daemons.add(start_worker(started, log_dir, name, wait=False, **(worker or {})))
+        for name in names:
+            wait_for_worker(started, daemons[name])
+        if gateway:
+            daemons.add(start_gateway(started, log_dir))
+        yield daemons
