@@ -46,7 +46,8 @@ class GatewayConfig:
         "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
     )
     curve_secret_key_file: str = option(
-        "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows", check=check_secret_key_file
+        "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows",
+        check=check_secret_key_file
     )
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -48,7 +49,7 @@ class Load:
     def successes(self) -> int:
         return sum(1 for a in list(self.answers) if a.status == 200)
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         answers = list(self.answers)
         return {"sent": self.sent, "answered": len(answers), "ok": self.successes(),
                 "by_code": dict(Counter(a.code for a in answers))}

@@ -10,6 +10,8 @@ Rooms
   TOML), logging, sd_notify, the event loop, histograms, the metrics page,
   CURVE, the ZeroMQ socket helpers and the one daemon skeleton.
 * :mod:`zbatch.tools`: the small commands ``zbatch-status`` and ``zbatch-keys``.
+* :mod:`zbatch.testing`: real daemons on free ports, always stopped: the
+  harness of the tests and the benchmarks, and of your own integration tests.
 
 Rules
 -----

@@ -72,7 +72,8 @@ def endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
-def wait_until(condition: Callable[[], T], timeout_s: float, what: str, log: Callable[[], str] = str) -> T:
+def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str,
+               log: Callable[[], str] = str) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
 
     After ``timeout_s`` this raises :class:`DaemonFailure` naming ``what``, with ``log()`` appended.

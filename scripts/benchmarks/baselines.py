@@ -30,13 +30,13 @@ BATCHED = web.AppKey("batched", bool)
 MAX_BATCH, MAX_DELAY_S, MAX_QUEUED = 32, 0.005, 256
 
 
-async def naive_loop(queue: asyncio.Queue, runner: Any) -> None:
+async def naive_loop(queue: asyncio.Queue[Any], runner: Any) -> None:
     while True:
         text, future = await queue.get()
         future.set_result(runner.run([text], {})[0])  # blocks the event loop, as in the guide
 
 
-async def batched_loop(queue: asyncio.Queue, runner: Any, pool: concurrent.futures.Executor) -> None:
+async def batched_loop(queue: asyncio.Queue[Any], runner: Any, pool: concurrent.futures.Executor) -> None:
     loop = asyncio.get_running_loop()
     while True:
         batch = [await queue.get()]
@@ -103,7 +103,7 @@ def bare_app(body: bytes, sleep_s: float = 0.0) -> web.Application:
         await request.read()
         started = time.perf_counter()
         if sleep_s:
-            time.sleep(sleep_s)  # noqa: ASYNC251 - blocks the event loop, as the naive server's model call does
+            time.sleep(sleep_s)
         slept["calls"] += 1
         slept["model_seconds"] += time.perf_counter() - started
         return web.Response(body=body, content_type="application/json")

@@ -54,7 +54,8 @@ def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             ax.plot(*_series(rows, case, "texts_s"), marker="o", label=case)
         for case, color in (("limit", "grey"), ("limit-bf16", "tab:brown")):
             limits = [r for r in rows if r["case"] == case and r["system"] != "direct, batch 8"]
-            for r, style in zip(limits, (":", "--", "-.")):  # in the legend: close values would hide labels
+            # in the legend: close values would hide labels; at most three limit lines per dtype
+            for r, style in zip(limits, (":", "--", "-."), strict=False):
                 ax.axhline(r["texts_s"], linestyle=style, color=color, linewidth=1,
                            label=f"{LIMIT_LABELS[case]}, {r['system'].removeprefix('direct, ')}")
         ax.set(xlabel="concurrent clients (closed loop)", ylabel="texts/s",

@@ -96,7 +96,8 @@ def _cpu(cpu_rows: list[dict[str, Any]]) -> list[str]:
 
 def _by_process(figures: dict[str, float], show: Callable[[float], str]) -> str:
     """``name figure · ... · total figure``."""
-    return " · ".join(f"{name} {show(value)}" for name, value in figures.items()) + f" · total {show(sum(figures.values()))}"
+    parts = [f"{name} {show(value)}" for name, value in figures.items()]
+    return " · ".join([*parts, f"total {show(sum(figures.values()))}"])
 
 
 def _cpu_used(r: dict[str, Any]) -> dict[str, float]:

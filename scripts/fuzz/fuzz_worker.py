@@ -12,8 +12,8 @@ with ``scripts/fuzz/run``; ``--write-seeds DIR`` writes valid payloads.
 from __future__ import annotations
 
 import sys
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import atheris
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,13 @@ from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import AsyncClient, NoWorker, Overloaded
 
 MODEL = DEFAULT_MODEL_NAME
-HEARTBEAT = {"heartbeat_ms": 250, "heartbeat_liveness": 3}
+HEARTBEAT: dict[str, Any] = {"heartbeat_ms": 250, "heartbeat_liveness": 3}
+
+
+def more_successes(load: Load, count: int) -> Callable[[], bool]:
+    """A condition: ``count`` more requests answered 200 than now."""
+    before = load.successes()
+    return lambda: load.successes() >= before + count
 
 
 def report(name: str, **figures: Any) -> None:
@@ -126,8 +133,7 @@ def test_rolling_sigterm_restart_of_both_workers_fails_nothing(log_dir: Path) ->
         for name in ("w1", "w2"):
             exit_codes.append(stack[name].stop(timeout_s=30))
             stack[name] = start_worker(stack["broker"], log_dir, name, **HEARTBEAT)
-            before = load.successes()
-            wait_until(lambda: load.successes() >= before + 30, 60, f"traffic after restarting {name}")
+            wait_until(more_successes(load, 30), 60, f"traffic after restarting {name}")
         load.stop()
         summary = load.summary()
     report("rolling restart", exit_codes=exit_codes, **summary)
@@ -179,7 +185,8 @@ def test_a_caller_who_hangs_up_never_reaches_the_model(log_dir: Path) -> None:
 
         async def scenario() -> None:
             busy = asyncio.create_task(_post(url, {"inputs": ["a long text to keep the model busy " * 30] * 32}))
-            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10, "the big batch to be dispatched")
+            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10,
+                                    "the big batch to be dispatched")
             with pytest.raises(asyncio.TimeoutError):
                 await _post(url, {"inputs": ["nobody waits for this"]}, timeout_s=0.3)
             status, _ = await busy
@@ -224,7 +231,7 @@ def test_broker_sigterm_answers_what_is_left_when_the_drain_times_out(log_dir: P
                 in_flight = [asyncio.create_task(call) for call in calls]
                 await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 2, 10, "work in flight")
                 stack["broker"].signal(signal.SIGTERM)
-                return await asyncio.gather(*in_flight, return_exceptions=True)
+                return list(await asyncio.gather(*in_flight, return_exceptions=True))
 
         answers = asyncio.run(scenario())
         exit_code = stack["broker"].process.wait(30)
@@ -241,7 +248,8 @@ def test_gateway_sigterm_finishes_requests_in_flight(log_dir: Path) -> None:
     with running_stack(log_dir, workers=1) as stack:
         async def scenario() -> tuple[int, Any]:
             request = asyncio.create_task(_post(model_url(stack), {"inputs": ["long text " * 100] * 32}))
-            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10, "the request to reach the worker")
+            await asyncio.to_thread(wait_until, lambda: in_flight_count(stack) >= 1, 10,
+                                    "the request to reach the worker")
             stack["gateway"].signal(signal.SIGTERM)
             return await request
 

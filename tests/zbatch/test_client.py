@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +38,7 @@ def test_overload_is_retried_with_backoff_when_asked(log_dir: Path) -> None:
         async def burst(retries: int) -> list[object]:
             async with AsyncClient(stack["broker"].frontend, overload_retries=retries) as client:
                 calls = (client.infer(MODEL, [f"retry {i}"]) for i in range(12))
-                return await asyncio.gather(*calls, return_exceptions=True)
+                return list(await asyncio.gather(*calls, return_exceptions=True))
 
         without = asyncio.run(burst(0))
         with_retries = asyncio.run(burst(100))
@@ -62,8 +63,11 @@ def test_an_overloaded_model_is_refused_here_while_one_request_asks_the_broker(l
                 stack["w1"].signal(signal.SIGSTOP)
                 try:
                     held = [asyncio.create_task(client.infer(MODEL, [f"held {i}"])) for i in range(3)]
-                    backlog_full = lambda: (broker_stats(frontend) or {"models": {}})["models"].get(MODEL, {})
-                    await asyncio.to_thread(wait_until, lambda: backlog_full().get("backlog_items") == 2, 30,
+                    def backlog() -> dict[str, Any]:
+                        stats = broker_stats(frontend) or {"models": {}}
+                        return dict(stats["models"].get(MODEL, {}))
+
+                    await asyncio.to_thread(wait_until, lambda: backlog().get("backlog_items") == 2, 30,
                                             "one request on the paused worker and two waiting")
                     first = await asyncio.gather(client.infer(MODEL, ["opens"]), return_exceptions=True)
                     # The broker is paused too, so the probe's answer cannot come back before "local" is
@@ -74,16 +78,16 @@ def test_an_overloaded_model_is_refused_here_while_one_request_asks_the_broker(l
                         local = await asyncio.gather(client.infer(MODEL, ["local"]), return_exceptions=True)
                     finally:
                         stack["broker"].signal(signal.SIGCONT)
-                    pair = await asyncio.gather(probe, return_exceptions=True) + local
+                    pair: list[object] = [*await asyncio.gather(probe, return_exceptions=True), *local]
                     refusals = await asyncio.to_thread(refused_by_broker)
                 finally:
                     stack["w1"].signal(signal.SIGCONT)
-                held_results = await asyncio.gather(*held)
+                held_results: list[object] = list(await asyncio.gather(*held))
                 # The breaker is open: this one probes, gets in, and closes it for those that follow.
-                after = [await client.infer(MODEL, ["after the pause"])]
+                after: list[object] = [await client.infer(MODEL, ["after the pause"])]
                 after += await asyncio.gather(*(client.infer(MODEL, [f"after {i}"]) for i in range(3)),
                                               return_exceptions=True)
-            return first + pair, held_results, refusals, after
+            return [*first, *pair], held_results, refusals, after
 
         refused, held, broker_refusals, after = asyncio.run(scenario())
     assert all(isinstance(r, Overloaded) for r in refused)
