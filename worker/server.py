@@ -269,6 +269,8 @@ def parse_payload(request: Request) -> tuple[list[Any], dict[str, Any]]:
     inputs, parameters = body["inputs"], body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ValueError("'parameters' must be a map")
+    if not all(isinstance(name, str) for name in parameters):  # they become keyword arguments
+        raise ValueError("parameter names must be strings")
     if len(inputs) != request.items:
         raise ValueError(f"items says {request.items} but the payload has {len(inputs)} inputs")
     return inputs, parameters
