@@ -98,7 +98,8 @@ def open_socket(
             socket.connect(connect)
     except zmq.ZMQError as exc:
         socket.close(linger=0)
-        raise OSError(f"cannot {'bind' if bind else 'connect'} {bind or connect}: {exc}") from None
+        reason = zmq.strerror(exc.errno) if exc.errno else str(exc)  # pyzmq's own text repeats the endpoint
+        raise OSError(f"cannot {'bind' if bind else 'connect'} {bind or connect}: {reason}") from None
     return socket
 
 
