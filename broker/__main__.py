@@ -6,8 +6,8 @@ import sys
 from collections.abc import Sequence
 
 from broker.config import load_config
-from broker.server import serve
-from zbatch.runtime import eventloop
+from broker.server import BrokerServer
+from zbatch.runtime import daemon, eventloop
 from zbatch.runtime.logs import setup_logging
 
 
@@ -15,8 +15,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
     setup_logging("zbatch-broker", config.log_level, config.log_format)
     try:
-        eventloop.run(serve(config))
-    except OSError as exc:  # the metrics port is taken: one line beats a traceback
+        eventloop.run(daemon.serve(BrokerServer(config)))
+    except (OSError, ValueError) as exc:  # a port taken, an unreadable key: one line beats a traceback
         sys.exit(f"zbatch-broker: error: {exc}")
 
 

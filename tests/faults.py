@@ -2,8 +2,9 @@
 
 A real model that kills its process on one input cannot be produced on
 demand, so this wraps the real embeddings runner and exits the process
-(no cleanup, like a segfault) when it sees a marker input.  The workers load
-it through the ``python:module:Class`` task form.
+(no cleanup, like a segfault), hangs, or ends the inference thread (as model
+code calling ``sys.exit()`` would) when it sees a marker input.  The workers
+load it through the ``python:module:Class`` task form.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from worker.runners.embeddings import EmbeddingRunner
 
 CRASH_MARKER = "FAULT: crash the worker"
 HANG_MARKER = "FAULT: hang the worker"
+END_THREAD_MARKER = "FAULT: end the inference thread"
 
 
 class FaultInjectingEmbeddings(EmbeddingRunner):
@@ -24,4 +26,6 @@ class FaultInjectingEmbeddings(EmbeddingRunner):
             os._exit(139)
         if HANG_MARKER in inputs:
             time.sleep(3600)
+        if END_THREAD_MARKER in inputs:
+            raise SystemExit("FAKE: the model's code called sys.exit()")  # a BaseException: the thread ends
         return super().run(inputs, parameters)

@@ -15,6 +15,7 @@ hold the cores, and goes back when they let go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -64,6 +65,8 @@ class InferenceThread:
         self._done = done
         self._batches: queue.SimpleQueue[tuple[str, Batch] | None] = queue.SimpleQueue()
         self._loaded: asyncio.Future[None] = loop.create_future()
+        # Done when the thread ends, for whatever reason: the worker cannot serve without it.
+        self.finished: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
 
     async def start(self) -> None:
@@ -79,6 +82,16 @@ class InferenceThread:
         self._thread.join(timeout_s)
 
     def _main(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._serve()
+        except BaseException as exc:  # handed to the loop, whose lifecycle logs it and exits
+            error = exc
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting anyway
+                self._loop.call_soon_threadsafe(self._set_finished, error)
+
+    def _serve(self) -> None:
         try:
             runners = self._load()
         except BaseException as exc:  # report load failures to the loop, which exits with a message
@@ -116,7 +129,7 @@ class InferenceThread:
         import torch
         import transformers
 
-        transformers.logging.disable_progress_bar()  # progress bars garble daemon logs
+        transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call, unused-ignore]  # garbles logs
         torch.set_num_threads(self.torch_threads)
         runners = {}
         for spec in self.specs:
@@ -126,6 +139,12 @@ class InferenceThread:
                      spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
         self.device = ",".join(sorted({runner.device for runner in runners.values()}))
         return runners
+
+    def _set_finished(self, error: BaseException | None) -> None:
+        if error is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(error)
 
     def _set_loaded(self, error: BaseException | None) -> None:
         if error is None:

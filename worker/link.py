@@ -12,6 +12,12 @@ with READY at once.
 The protocol has no acknowledgement of READY, but the broker only ever
 sends DISCONNECT to a worker it does not know: the first other message
 after READY means the worker is registered (``on_registered``).
+
+Each connection is one DEALER socket read by a
+:class:`~zbatch.runtime.sockets.PolledSockets`, which hands every message to
+the worker as it arrives; a reconnection replaces both.  If handling a
+message raises, the link's task ends with that error: the link is
+essential, and the daemon's lifecycle exits rather than serve without it.
 """
 
 from __future__ import annotations
@@ -20,24 +26,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from zbatch.protocol import wire
 from zbatch.protocol.wire import BrokerToWorkerMessage, Disconnect, ProtocolError
-from zbatch.runtime import sockets
 from zbatch.runtime.curve import CurveKeys
+from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 
 log = logging.getLogger("zbatch.worker")
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 32.0
+SEND_HWM = 100_000
 
 
 class BrokerLink:
     def __init__(
         self,
-        context: zmq.asyncio.Context,
+        context: zmq.Context[Any],
         endpoint: str,
         identity: bytes,
         heartbeat_s: float,
@@ -60,16 +67,15 @@ class BrokerLink:
         self._deliver = deliver
         self._on_registered = on_registered
         self._awaiting_registration = False
-        self._socket: zmq.asyncio.Socket | None = None
-        self._sender: zmq.Socket | None = None
+        self._socket: Socket | None = None
+        self._poller: PolledSockets | None = None
         self._backoff_s = INITIAL_BACKOFF_S
         self._last_heard = time.monotonic()
-        self._look_scheduled = False
         self.connections = 0
         self.announce = True  # cleared while draining: a draining worker must not register again
 
     async def run(self) -> None:
-        """Stay connected until cancelled."""
+        """Stay connected until cancelled; raise what broke the handling of a message."""
         while True:
             self._open()
             await self._serve_until_silent()
@@ -80,38 +86,25 @@ class BrokerLink:
             self._backoff_s = min(self._backoff_s * 2, MAX_BACKOFF_S)
 
     def send(self, frames: list[bytes]) -> None:
-        if self._sender is None:
+        if self._socket is None or self._poller is None:
             return  # between connections: the broker has given these jobs up already
         try:
-            sockets.send_frames(self._sender, frames)
+            self._poller.send(self._socket, frames)
         except zmq.Again:
             log.warning("dropped a message to the broker: send queue full")
-        # The socket's file descriptor is edge-triggered, and this send may have consumed the
-        # edge that announced a request: the waiting poll would not wake, so look soon.
-        if not self._look_scheduled and self._sender.get(zmq.EVENTS) & zmq.POLLIN:
-            self._look_scheduled = True
-            asyncio.get_running_loop().call_soon(self._look)
-
-    def _look(self) -> None:
-        self._look_scheduled = False
-        if self._sender is not None:
-            self._receive_all()
 
     def close(self, linger_ms: int) -> None:
+        if self._poller is not None:
+            self._poller.close()
         if self._socket is not None:
             self._socket.close(linger=linger_ms)
-        self._socket = self._sender = None
+        self._socket = self._poller = None
 
     def _open(self) -> None:
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self._identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        if self._curve is not None:  # a refused key never connects: the broker stays silent, we retry
-            self._curve.apply(sock)
-        sock.connect(self.endpoint)
-        self._socket = sock
-        self._sender = zmq.Socket.shadow(sock.underlying)
+        # With CURVE, a refused key never connects: the broker stays silent, and the link retries.
+        self._socket = open_socket(self._context, zmq.DEALER, connect=self.endpoint, routing_id=self._identity,
+                                   send_hwm=SEND_HWM, curve=self._curve)
+        self._poller = PolledSockets({self._socket: self._receive})
         self.connections += 1
         if self.announce:
             self._announce()
@@ -121,36 +114,33 @@ class BrokerLink:
         self._awaiting_registration = True
 
     async def _serve_until_silent(self) -> None:
-        assert self._socket is not None and self._sender is not None
+        """Heartbeat every interval until the broker has been silent too long; messages come in meanwhile."""
+        assert self._poller is not None
+        reading = self._poller.stopped
         self._last_heard = next_beat = time.monotonic()
         while time.monotonic() - self._last_heard <= self._heartbeat_s * self._liveness:
-            wait_ms = max(0, int((next_beat - time.monotonic()) * 1000))
-            if await self._socket.poll(wait_ms, zmq.POLLIN):
-                self._receive_all()
+            await asyncio.wait((reading,), timeout=max(0.0, next_beat - time.monotonic()))
+            if reading.done():
+                reading.result()  # a message handler raised: end the link with its error
+                raise RuntimeError("the broker link stopped reading")
             if time.monotonic() >= next_beat:
                 self.send(self._heartbeat())
                 next_beat = time.monotonic() + self._heartbeat_s
 
-    def _receive_all(self) -> None:
-        assert self._sender is not None
-        while True:
-            try:
-                frames = sockets.recv_frames(self._sender)
-            except zmq.Again:
-                return
-            self._last_heard = time.monotonic()
-            self._backoff_s = INITIAL_BACKOFF_S
-            try:
-                message = wire.decode_broker_to_worker(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed message from the broker: %s", exc)
-                continue
-            if isinstance(message, Disconnect):
-                if self.announce:
-                    log.warning("the broker does not know this worker (%s); registering again", message.reason)
-                    self._announce()
-            else:
-                if self._awaiting_registration:
-                    self._awaiting_registration = False
-                    self._on_registered()
-                self._deliver(message)
+    def _receive(self, frames: list[bytes]) -> None:
+        self._last_heard = time.monotonic()
+        self._backoff_s = INITIAL_BACKOFF_S
+        try:
+            message = wire.decode_broker_to_worker(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed message from the broker: %s", exc)
+            return
+        if isinstance(message, Disconnect):
+            if self.announce:
+                log.warning("the broker does not know this worker (%s); registering again", message.reason)
+                self._announce()
+        else:
+            if self._awaiting_registration:
+                self._awaiting_registration = False
+                self._on_registered()
+            self._deliver(message)

@@ -1,19 +1,22 @@
-"""The worker's I/O shell: broker link, batching policy, inference thread, watchdog.
+"""The worker's I/O shell: broker link, batching policy, inference thread, batch watchdog.
 
 The asyncio loop receives requests, answers, heartbeats (:mod:`worker.link`)
 and decides when a batch starts (:class:`worker.batching.BatchPolicy`); the
 inference thread (:class:`worker.engine.InferenceThread`) only computes.  So
 replies and heartbeats keep flowing while a batch runs.
 
-Start: load the model (in the inference thread), then connect and send READY.
-Stop (SIGTERM/SIGINT), in stages: send DRAIN and keep accepting until the
-broker acknowledges it (after the acknowledgement no request can follow),
-finish and answer everything held within ``drain_timeout_ms``, send
-DISCONNECT, close the socket, then the context.
+The lifecycle is :mod:`zbatch.runtime.daemon`'s.  Start: load the model (in
+the inference thread), then connect and send READY; systemd hears READY=1
+only once the broker has registered the worker.  The broker link, the
+inference thread and the batch watchdog are essential.  Drain, in stages:
+send DRAIN and keep accepting until the broker acknowledges it (after the
+acknowledgement no request can follow), finish and answer everything held
+within ``drain_timeout_ms``, send DISCONNECT; close: the socket, then the
+context.
 
-Watchdog: a batch running longer than ``batch_timeout_ms`` means the model
-is stuck.  The worker tells the broker (DISCONNECT, so its requests go to
-other workers) and exits with status 70 for its supervisor to restart it.
+Batch watchdog: a batch running longer than ``batch_timeout_ms`` means the
+model is stuck.  The worker tells the broker (DISCONNECT, so its requests go
+to other workers) and exits with status 70 for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket as socketlib
 import time
 from typing import Any
@@ -48,42 +50,44 @@ from zbatch.protocol.wire import (
     Request,
     Status,
 )
+from zbatch.runtime import daemon
 from zbatch.runtime.curve import client_keys
-from zbatch.runtime.metrics import start_metrics
-from zbatch.runtime.sdnotify import Notifier
 
 log = logging.getLogger("zbatch.worker")
 FINAL_FLUSH_S = 0.2
-STUCK_EXIT_CODE = 70  # EX_SOFTWARE: systemd's Restart=on-failure restarts us
+FINAL_LINGER_MS = 1_000
+STUCK_EXIT_CODE = daemon.FAULT_EXIT_CODE
 
 
-class WorkerServer:
-    def __init__(self, config: WorkerConfig, context: zmq.asyncio.Context | None = None) -> None:
+class WorkerServer(daemon.Service):
+    name = "zbatch-worker"
+    log = log
+
+    def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.slots = model_slots(config)
-        self._context = context or zmq.asyncio.Context()
+        self._context = zmq.asyncio.Context()
         self._engine: InferenceThread | None = None
         self._link: BrokerLink | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._batch_started: float | None = None
         self._idle_since = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
-        self._stop = asyncio.Event()
+        self._registered = asyncio.Event()
         self._drain_acknowledged = asyncio.Event()
         self._drained = asyncio.Event()
         self._draining = False
-        self.notifier = Notifier(self.status_line)
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def status_line(self) -> str:
-        """One line for ``systemctl status``."""
-        draining = ", draining" if self._stop.is_set() else ""
         served = ", ".join(f"{name}: {slot.batches} batches, {slot.batched_items} items"
                            for name, slot in self.slots.items())
-        return f"{served}; {self._held()} request(s) held{draining}"
+        return f"{served}; {self._held()} request(s) held"
 
-    async def run(self) -> None:
+    def metrics(self) -> daemon.MetricsPage:
+        return daemon.MetricsPage(self.config.metrics_host, self.config.metrics_port,
+                                  lambda: worker_families(self.slots))
+
+    async def start(self) -> daemon.Essentials:
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
@@ -92,27 +96,29 @@ class WorkerServer:
             self._context, self.config.backend, self.config.identity.encode(),
             self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
             ready=self._ready_frames, heartbeat=self._heartbeat_frames, deliver=self._deliver,
-            on_registered=self.notifier.ready,  # for systemd, ready means loaded and registered
+            on_registered=self._registered.set,
             curve=client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file),
         )
-        stop_metrics = start_metrics(self.config.metrics_host, self.config.metrics_port,
-                                     lambda: worker_families(self.slots))
-        tasks = [loop.create_task(self._link.run()), loop.create_task(self._watchdog())]
+        link, watchdog = loop.create_task(self._link.run()), loop.create_task(self._watch_batches())
+        self._tasks = [link, watchdog]
         log.info("worker %s serving %s on %s, broker %s", self.config.identity, ", ".join(self.slots),
                  self._engine.device, self.config.backend)
-        try:
-            await self._stop.wait()
-            self.notifier.stopping()
-            await self._drain()
-        finally:
-            stop_metrics()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._link.close(linger_ms=1_000)
+        return {"the broker link": link, "the inference thread": self._engine.finished,
+                "the batch watchdog": watchdog}
+
+    async def ready(self) -> None:
+        """For systemd, ready means loaded and registered with the broker."""
+        await self._registered.wait()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._link is not None:
+            self._link.close(linger_ms=FINAL_LINGER_MS)
+        if self._engine is not None:
             self._engine.stop(timeout_s=1.0)
-            self._context.term()
-        log.info("worker %s stopped", self.config.identity)
+        self._context.term()
 
     # ------------------------------------------------------------- messages
 
@@ -210,7 +216,7 @@ class WorkerServer:
 
     # ------------------------------------------------------ drain, watchdog
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         assert self._link is not None
         log.info("draining: telling the broker, then finishing %d held request(s)", self._held())
         budget_end = time.monotonic() + self.config.drain_timeout_ms / 1000
@@ -226,11 +232,10 @@ class WorkerServer:
         # that reads them in the same TCP segment as the close can lose them (seen with libzmq).
         await asyncio.sleep(FINAL_FLUSH_S)
 
-    async def _watchdog(self) -> None:
+    async def _watch_batches(self) -> None:
         limit_s = self.config.batch_timeout_ms / 1000
         while True:
             await asyncio.sleep(min(1.0, limit_s / 4))
-            self.notifier.tick()  # systemd's watchdog: this loop turns, so the I/O loop is alive
             started = self._batch_started
             if started is not None and time.monotonic() - started > limit_s:
                 self._give_up(time.monotonic() - started)
@@ -240,9 +245,9 @@ class WorkerServer:
         log.error("batch running for %.1f s (limit %d ms): the model is stuck; exiting for a restart",
                   running_s, self.config.batch_timeout_ms)
         self._link.send(wire.encode_disconnect(f"stuck: a batch ran for {running_s:.0f} s"))
-        self._link.close(linger_ms=1_000)
+        self._link.close(linger_ms=FINAL_LINGER_MS)
         self._context.term()
-        os._exit(STUCK_EXIT_CODE)  # the inference thread cannot be stopped; the process must go
+        daemon.exit_now(STUCK_EXIT_CODE)  # the inference thread cannot be stopped; the process must go
 
 
 async def _wait(event: asyncio.Event, until: float) -> bool:
@@ -264,14 +269,8 @@ def parse_payload(request: Request) -> tuple[list[Any], dict[str, Any]]:
     inputs, parameters = body["inputs"], body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ValueError("'parameters' must be a map")
+    if not all(isinstance(name, str) for name in parameters):  # they become keyword arguments
+        raise ValueError("parameter names must be strings")
     if len(inputs) != request.items:
         raise ValueError(f"items says {request.items} but the payload has {len(inputs)} inputs")
     return inputs, parameters
-
-
-async def serve(config: WorkerConfig) -> None:
-    server = WorkerServer(config)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, server.request_stop)
-    await server.run()

@@ -24,6 +24,7 @@ import asyncio
 import os
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 import zmq
@@ -39,7 +40,7 @@ VECTOR = np.random.default_rng(0).standard_normal(384).astype(np.float32)
 class EchoWorker:
     """A worker for the real broker whose 'model' is free (or a fixed, simulated cost)."""
 
-    def __init__(self, args: argparse.Namespace, context: zmq.Context) -> None:
+    def __init__(self, args: argparse.Namespace, context: zmq.Context[Any]) -> None:
         self.args = args
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.ROUTING_ID, args.name.encode())
@@ -144,7 +145,7 @@ def run_forwarder(frontend: str, backend: str) -> None:
     """The same ROUTER->DEALER forwarding in Python, on the broker's event loop and socket calls, with no logic:
     what any broker written in Python costs before it schedules anything."""
     front, back = bound_router_dealer(frontend, backend)
-    route = {front: back, back: front}
+    route: dict[Any, zmq.Socket[bytes]] = {front: back, back: front}  # keyed by what zmq_poll returns
     inputs = [(front, zmq.POLLIN), (back, zmq.POLLIN)]
 
     def pump() -> None:

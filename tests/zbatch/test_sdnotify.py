@@ -10,17 +10,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
 from tests.daemons import (
+    Daemon,
     broker_stats,
     free_port,
     http_status,
     spawn,
     start_broker,
     start_gateway,
+    start_worker,
     wait_until,
 )
+from tests.fake_broker import BREAK_PUMP_ID
+from tests.faults import END_THREAD_MARKER
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.protocol import payloads, wire
+from zbatch.protocol.wire import Request
 from zbatch.runtime import sdnotify
+from zbatch.runtime.daemon import FAULT_EXIT_CODE
+
+FAST_WATCHDOG = "200000"  # WATCHDOG_USEC: a ping every 0.1 s
+EXIT_WITHIN_S = 10.0
 
 
 class FakeSystemd:
@@ -157,3 +169,58 @@ def test_worker_is_ready_only_once_the_broker_has_registered_it(systemd: FakeSys
         worker.stop()
         if broker is not None:
             broker.stop()
+
+
+def send_request(frontend: str, request_id: bytes, model: str, inputs: list[str]) -> None:
+    """One request from a raw DEALER that does not wait for the answer."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(frontend)
+        payload = payloads.encode_payload({"inputs": inputs, "parameters": {}})
+        dealer.send_multipart(wire.encode_request(Request(request_id, model, len(inputs), payload)))
+        dealer.close(linger=2000)  # until the message has left
+    finally:
+        context.term()
+
+
+def assert_died_of(daemon: Daemon, systemd: FakeSystemd, essential: str, error: str) -> None:
+    """Exit status 70 at once, a log line naming the task and its error, and nothing for systemd after
+    the STATUS that says why: in particular no WATCHDOG=1 once the task was dead."""
+    assert daemon.process.wait(EXIT_WITHIN_S) == FAULT_EXIT_CODE, daemon.log()
+    log = daemon.log_path.read_text()
+    assert f"{essential} failed: {error}" in log and "exiting with status 70 for a restart" in log, daemon.log()
+    messages = systemd.receive()
+    assert messages[-1].startswith(f"STATUS=exited: {essential} failed: {error}"), messages[-3:]
+
+
+def test_a_broker_whose_socket_pump_fails_stops_pinging_and_exits_70(systemd: FakeSystemd, log_dir: Path) -> None:
+    frontend = f"tcp://127.0.0.1:{free_port()}"
+    settings = {"frontend": frontend, "backend": f"tcp://127.0.0.1:{free_port()}", "models": "m"}
+    env = {"NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": FAST_WATCHDOG}
+    faulty = spawn("tests.fake_broker", "fake-broker", log_dir, env=env, **settings)
+    try:
+        systemd.wait_for("READY=1", 1, 30)
+        systemd.wait_for("WATCHDOG=1", 3, 5)
+        send_request(frontend, BREAK_PUMP_ID, "m", ["x"])
+        assert_died_of(faulty, systemd, "the socket pump", "RuntimeError('FAKE: a bug in the routing')")
+    finally:
+        faulty.stop()
+
+
+def test_a_worker_whose_inference_thread_dies_stops_pinging_and_exits_70(systemd: FakeSystemd, log_dir: Path) -> None:
+    """The FAKE runner ends the inference thread the way model code calling sys.exit() would."""
+    broker = start_broker(log_dir)
+    env = {"NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": FAST_WATCHDOG}
+    worker = start_worker(broker, log_dir, "w1", env=env, task="python:tests.faults:FaultInjectingEmbeddings",
+                          model_name=DEFAULT_MODEL_NAME)
+    try:
+        systemd.wait_for("READY=1", 1, 30)
+        pings = systemd.count("WATCHDOG=1")
+        systemd.wait_for("WATCHDOG=1", pings + 3, 5)
+        send_request(broker.frontend, b"ends the thread", DEFAULT_MODEL_NAME, [END_THREAD_MARKER])
+        error = "SystemExit(\"FAKE: the model's code called sys.exit()\")"
+        assert_died_of(worker, systemd, "the inference thread", error)
+    finally:
+        worker.stop()
+        broker.stop()

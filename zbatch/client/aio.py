@@ -1,8 +1,9 @@
 """The asyncio client for the broker's frontend: the gateway uses it, and so can you.
 
 One DEALER socket carries many requests at once (pipelining): each request
-gets a fresh id, a future waits for the REPLY with that id, and one receive
-task matches replies to futures.  Statuses other than ``ok`` become typed
+gets a fresh id, a future waits for the REPLY with that id, and the socket's
+reader (:class:`~zbatch.runtime.sockets.PolledSockets`) matches replies to
+futures as they arrive.  Statuses other than ``ok`` become typed
 exceptions (:class:`ZBatchError` subclasses) carrying the broker's message.
 
 If the broker is not connected, a request fails at once with
@@ -28,8 +29,8 @@ from zbatch.client.breaker import OverloadBreaker, Ticket
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, raise_for_status
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Reply, Request, Status
-from zbatch.runtime import sockets
 from zbatch.runtime.curve import CurveKeys
+from zbatch.runtime.sockets import PolledSockets, open_socket
 
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
@@ -65,22 +66,16 @@ class AsyncClient:
         self.reply_grace_ms = reply_grace_ms
         self._breaker = OverloadBreaker() if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        if curve is not None:  # a refused key never completes the handshake: requests fail fast
-            curve.apply(self._socket)
-        self._socket.connect(endpoint)
-        # Sends and burst receives go through a synchronous view of the same socket (same
-        # thread): the asyncio wrapper's future per message costs more than the message.
-        self._sync = zmq.Socket.shadow(self._socket.underlying)
+        # With CURVE, a refused key never completes the handshake: requests fail fast.
+        self._socket = open_socket(self._context, zmq.DEALER, connect=endpoint, immediate=True, curve=curve)
+        # Connection events (only EVENT_DISCONNECTED) arrive on a PAIR socket read with the replies.
+        monitor = f"inproc://zbatch-client-monitor.{self._socket.FD}"
+        self._socket.monitor(monitor, zmq.EVENT_DISCONNECTED)
+        self._monitor = open_socket(self._context, zmq.PAIR, connect=monitor)
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
-        self._poll_in = [(self._sync, zmq.POLLIN)]
-        self._reading_on: asyncio.AbstractEventLoop | None = None
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._watcher: asyncio.Task[None] | None = None
+        self._poller: PolledSockets | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -166,11 +161,9 @@ class AsyncClient:
         return stats
 
     async def close(self) -> None:
-        self._stop_reading()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
-            self._watcher = None
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
@@ -182,7 +175,7 @@ class AsyncClient:
         return self._prefix + struct.pack(">Q", next(self._counter))
 
     async def _exchange(self, request_id: bytes, frames: list[bytes], wait_ms: int) -> Reply:
-        self._ensure_receiver()
+        self._ensure_reader()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = future
@@ -211,8 +204,8 @@ class AsyncClient:
     async def _send_or_fail(self, frames: list[bytes]) -> None:
         """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast.
 
-        The wait tries again every few milliseconds instead of awaiting the socket:
-        zmq.asyncio's poll would take over the descriptor's reader, which delivers the replies.
+        The wait tries again every few milliseconds: the reader watches for input, not for
+        the moment the connection completes, and waiting here is rare.
         """
         if self._try_send(frames):
             return
@@ -226,14 +219,13 @@ class AsyncClient:
         )
 
     def _try_send(self, frames: list[bytes]) -> bool:
-        """A non-blocking send through the synchronous view: no future per message."""
+        """A non-blocking send: no future per message; False when it cannot go now (or the client is closed)."""
+        if self._poller is None:
+            return False
         try:
-            sockets.send_frames(self._sync, frames)
+            self._poller.send(self._socket, frames)
         except zmq.Again:
             return False
-        # The socket's descriptor is edge-triggered, and this send may have consumed the
-        # edge that announced a reply: the reader would not wake for it, so look now.
-        self._deliver_queued_replies()
         return True
 
     def _send_cancel(self, request_id: bytes) -> None:
@@ -243,43 +235,41 @@ class AsyncClient:
         """
         self._try_send(wire.encode_cancel(request_id))
 
-    def _ensure_receiver(self) -> None:
-        """Replies are taken by a reader on the socket's descriptor: no task or future per wakeup."""
+    def _ensure_reader(self) -> None:
+        """Replies and connection events are read on the loop that asks; a new loop gets a new reader."""
         loop = asyncio.get_running_loop()
-        if self._reading_on is not loop:
-            self._stop_reading()
-            loop.add_reader(self._sync.FD, self._deliver_queued_replies)
-            self._reading_on = loop
-        if self._watcher is None or self._watcher.done():
-            self._watcher = loop.create_task(self._watch_connection())
+        if self._poller is not None and self._poller.loop is loop and not self._poller.stopped.done():
+            return
+        if self._poller is not None:
+            self._poller.close()
+        self._poller = PolledSockets({self._socket: self._deliver, self._monitor: self._on_disconnect})
+        self._poller.stopped.add_done_callback(self._reading_stopped)
 
-    def _stop_reading(self) -> None:
-        if self._reading_on is not None and not self._reading_on.is_closed():
-            self._reading_on.remove_reader(self._sync.FD)
-        self._reading_on = None
+    def _reading_stopped(self, stopped: asyncio.Future[None]) -> None:
+        """A reply handler failed: fail what is pending with its error; the next request reads again."""
+        if stopped.cancelled() or stopped.exception() is None:
+            return
+        error = stopped.exception()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(BrokerUnavailable(f"reading replies from {self.endpoint} failed: {error!r}"))
 
-    async def _watch_connection(self) -> None:
-        """When the connection drops, fail what is pending now: the broker lost it anyway."""
-        while True:
-            await self._monitor.recv_multipart()  # only EVENT_DISCONNECTED is subscribed
-            # The broker's last answers can reach this socket just after the event: take them first.
-            await asyncio.sleep(DISCONNECT_GRACE_S)
-            self._deliver_queued_replies()
-            lost = BrokerUnavailable(
-                f"lost the connection to the broker at {self.endpoint}; the request may not have run"
-            )
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(lost)
+    def _on_disconnect(self, event: list[bytes]) -> None:
+        """The connection dropped (a monitor event): fail what is pending, once the grace has passed.
 
-    def _deliver_queued_replies(self) -> None:
-        """Take every reply already received, without waiting (same thread, same socket).
-
-        zmq_poll asks whether one is there (1 us) where a failed recv raises (4 us);
-        it also re-arms the edge-triggered descriptor, so the next reply wakes the reader.
+        The broker's last answers can reach this socket just after the event, so they are taken first.
         """
-        while zmq.zmq_poll(self._poll_in, 0):
-            self._deliver(sockets.recv_frames(self._sync))
+        asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost)
+
+    def _connection_lost(self) -> None:
+        if self._poller is not None:
+            self._poller.wake()
+        lost = BrokerUnavailable(
+            f"lost the connection to the broker at {self.endpoint}; the request may not have run"
+        )
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(lost)
 
     def _deliver(self, frames: list[bytes]) -> None:
         try:

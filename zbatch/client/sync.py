@@ -51,7 +51,8 @@ class Client:
         return self.submit(model, inputs, parameters, **options).result()
 
     def stats(self) -> dict[str, Any]:
-        return self._call(self._async.stats())
+        stats: dict[str, Any] = self._call(self._async.stats())
+        return stats
 
     def close(self) -> None:
         if self._thread.is_alive():

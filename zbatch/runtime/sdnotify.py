@@ -63,6 +63,11 @@ class Notifier:
         if self.enabled:
             notify(f"READY=1\nSTATUS={self._status()}")
 
+    def status(self, text: str) -> None:
+        """A one-off STATUS, such as why the daemon is about to exit."""
+        if self.enabled:
+            notify(f"STATUS={text}")
+
     def stopping(self) -> None:
         if self.enabled:
             notify(f"STOPPING=1\nSTATUS={self._status()}")
@@ -78,11 +83,19 @@ class Notifier:
             notify(f"STATUS={self._status()}")
             self._next_status = now + STATUS_EVERY_S
 
-    async def keep_alive(self) -> None:
-        """For a daemon without a loop of its own to tick from: tick until cancelled."""
+    async def keep_alive(self, healthy: Callable[[], bool] = lambda: True) -> None:
+        """Tick from the event loop until cancelled, skipping every tick while ``healthy()`` is false.
+
+        A ping then says the loop turns and the daemon is whole.  Ticks come at
+        half the ping interval: a sleep may end a little early, and a tick that
+        just misses its ping must not leave the next one a whole interval late.
+        The first tick comes after the first pause, so a daemon that is ready
+        at once says READY=1 before anything else.
+        """
         if not self.enabled:
             return
-        pause_s = min(self.watchdog_s or STATUS_EVERY_S, STATUS_EVERY_S)
+        pause_s = min(self.watchdog_s or STATUS_EVERY_S, STATUS_EVERY_S) / 2
         while True:
-            self.tick()
             await asyncio.sleep(pause_s)
+            if healthy():
+                self.tick()

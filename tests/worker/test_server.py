@@ -1,0 +1,55 @@
+"""The worker's reading of a request's payload, and a hostile one against real daemons."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.daemons import Daemon, broker_stats
+from worker.runners import DEFAULT_MODEL_NAME
+from worker.server import parse_payload
+from zbatch.client import AsyncClient
+from zbatch.protocol import payloads
+from zbatch.protocol.wire import Request, Status
+
+
+def request(body: object, items: int = 1) -> Request:
+    return Request(b"job", DEFAULT_MODEL_NAME, items, payloads.encode_payload(body))
+
+
+def test_parse_payload_takes_inputs_and_parameters() -> None:
+    assert parse_payload(request({"inputs": ["a", "b"], "parameters": {"normalize": False}}, 2)) == (
+        ["a", "b"], {"normalize": False})
+    assert parse_payload(request({"inputs": ["a"]})) == (["a"], {})
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ({"inputs": "a"}, "a list of 'inputs'"),
+    ({"inputs": ["a"], "parameters": [1]}, "'parameters' must be a map"),
+    ({"inputs": ["a"], "parameters": {b"normalize": True}}, "parameter names must be strings"),
+    ({"inputs": ["a"], "parameters": {1: True, "normalize": True}}, "parameter names must be strings"),
+    ({"inputs": ["a", "b"]}, "items says 1"),
+])
+def test_parse_payload_refuses_what_it_cannot_use(body: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_payload(request(body))
+
+
+def test_parameter_names_of_mixed_types_are_refused_and_the_workers_keep_serving(stack: dict[str, Daemon]) -> None:
+    """A client over ZeroMQ can send any map keys (JSON cannot); names that do not sort together must be
+    refused before they reach the batch key, which sorts them in the broker link's message handler."""
+    hostile = payloads.encode_payload({"inputs": ["x"], "parameters": {b"a": 1, "b": 2}})
+
+    async def ask() -> tuple[Status, str, list[object]]:
+        async with AsyncClient(stack["broker"].frontend) as client:
+            reply = await client.request(DEFAULT_MODEL_NAME, hostile, items=1)
+            fine = await client.infer(DEFAULT_MODEL_NAME, ["still served"])
+        return reply.status, reply.message, fine
+
+    status, message, fine = asyncio.run(ask())
+    assert status is Status.BAD_REQUEST and "parameter names must be strings" in message
+    assert len(fine) == 1
+    stats = broker_stats(stack["broker"].frontend)
+    assert stats is not None and sorted(w["name"] for w in stats["workers"]) == ["w1", "w2"]
+    assert stack["w1"].alive() and stack["w2"].alive()
