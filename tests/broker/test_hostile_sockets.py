@@ -193,9 +193,12 @@ def test_mutated_traffic_on_both_sockets_is_answered_once_per_request(
         workers = [dealer(context, broker.backend, b"fuzz-%d" % i) for i in range(3)]
         valid = list(EXAMPLES.values())
         expected: Counter[tuple[int, bytes]] = Counter()
+        heartbeat = wire.encode_heartbeat()
+        heartbeats_sent = heartbeats_answered = 0  # a client's HEARTBEAT is answered with one
         for number in range(HOSTILE_MESSAGES):
             frames = mutate(rng, rng.choice(valid))
             which = rng.randrange(3)
+            heartbeats_sent += frames == heartbeat
             if wire.request_id_of(frames) is not None:
                 frames[1] = b"m%d" % number  # unique ids: each answer names its message
                 expected[(which, frames[1])] += expected_replies(frames)
@@ -205,15 +208,21 @@ def test_mutated_traffic_on_both_sockets_is_answered_once_per_request(
         answered: Counter[tuple[int, bytes]] = Counter()
 
         def collect() -> bool:
+            nonlocal heartbeats_answered
             for which, client in enumerate(clients):
                 while client.poll(0):
-                    answered[(which, wire.decode_reply(client.recv_multipart()).request_id)] += 1
-            return sum(answered.values()) >= sum(expected.values())
+                    frames = client.recv_multipart()
+                    if frames == heartbeat:
+                        heartbeats_answered += 1
+                    else:
+                        answered[(which, wire.decode_reply(frames).request_id)] += 1
+            return sum(answered.values()) >= sum(expected.values()) and heartbeats_answered >= heartbeats_sent
 
         wait_until(collect, 20, "an answer to every hostile request", broker.log)
         assert receive(clients[0], QUIET_S) is None
         collect()
         assert answered == expected
+        assert heartbeats_answered == heartbeats_sent
         assert broker_stats(broker.frontend) is not None
     finally:
         broker.stop()
