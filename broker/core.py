@@ -544,6 +544,7 @@ class BrokerCore:
             "uptime_s": round(now - self.started_at, 3),
             "draining": self.draining,
             "limits": stats.limits_stats(self._default_limits, self.config.max_message_bytes),
+            "worker_removals": dict(self.removals),
             "models": {name: stats.model_stats(model) for name, model in self.models.items()},
             "workers": [stats.worker_stats(worker, now) for worker in self.workers.values()],
         }
