@@ -125,7 +125,7 @@ class _Reader:
 
     def _inputs(self, items: int) -> list[Any]:
         if self._kind() != "array":
-            raise BadPayload("'inputs' must be a list")
+            raise BadPayload("'inputs' must be a list: the payload is a map with a list of 'inputs'")
         count = self.unpacker.read_array_header()
         if count > self.limits.max_inputs:
             raise BadPayload(f"{count} inputs; the limit is {self.limits.max_inputs} per request "
