@@ -43,7 +43,8 @@ every ``SWEEP_EVERY_S`` finds it).
 
 Memory is bounded by configuration: backlogs in items and bytes, unanswered
 requests per client connection, models per worker (at decode), and models
-nobody serves are forgotten after ``FORGET_MODEL_S``.
+nobody serves are forgotten after ``FORGET_MODEL_S``, and at once, oldest
+first, past ``MAX_WORKERLESS_MODELS`` of them.
 
 Workers are expired by silence (``heartbeat_ms * heartbeat_liveness``)
 whether idle or busy; the core sends them a HEARTBEAT every interval.
@@ -93,6 +94,7 @@ class Peer(enum.Enum):
 Outgoing = tuple[Peer, bytes, list[bytes]]
 OVERDUE_S = 120.0  # a worker still holding a request this long after its deadline is stuck
 FORGET_MODEL_S = 300.0  # a model nobody serves or waits for is forgotten this long after its last worker left
+MAX_WORKERLESS_MODELS = 1_024  # past this many, the oldest idle workerless models are forgotten at once
 SWEEP_EVERY_S = 10.0  # how often overdue workers and idle models are looked for
 CRASHES = frozenset({"disconnected", "unreachable", "restarted"})  # removals that may be a job's doing
 
@@ -140,6 +142,7 @@ class BrokerCore:
         self._default_limits = ModelLimits(config.max_backlog, config.max_backlog_bytes, config.timeout_ms,
                                            config.max_timeout_ms)
         self._told_to_register: dict[bytes, float] = {}
+        self._workerless: dict[str, None] = {}  # models whose last worker left, oldest first
         self._next_heartbeat = self.started_at
         self._next_sweep = self.started_at + SWEEP_EVERY_S
 
@@ -372,6 +375,7 @@ class BrokerCore:
             model = self.models.setdefault(name, ModelState(name))
             model.known = True
             model.workerless_since = None
+            self._workerless.pop(name, None)
             model.workers[identity] = worker
         for name in worker.models:
             self._dispatch(self.models[name])
@@ -396,6 +400,9 @@ class BrokerCore:
         now = self.clock()
         for name in worker.models:
             self.models[name].retire(worker, now)
+            if not self.models[name].workers and name not in self.config.models:
+                self._workerless.pop(name, None)  # to the end: the newest
+                self._workerless[name] = None
         crashed = died and reason in CRASHES
         for job in reversed(list(worker.in_flight.values())):
             isolated = job.isolated
@@ -407,6 +414,8 @@ class BrokerCore:
                 for job in model.waiting_jobs():
                     self._arm(job, now + self.config.no_worker_grace_ms / 1000)
             self._dispatch(model)
+        if len(self._workerless) > MAX_WORKERLESS_MODELS:
+            self._forget_idle_models(now)
 
     def _requeue(self, job: Job, died: bool, *, blamed: bool) -> None:
         if job.answered:
@@ -452,12 +461,19 @@ class BrokerCore:
                                    f"(holds a request more than {OVERDUE_S:.0f} s past its deadline)")
 
     def _forget_idle_models(self, now: float) -> None:
-        """Names no worker serves and nobody waits for must not pile up."""
-        for name, model in list(self.models.items()):
-            gone_since = model.workerless_since
-            if name not in self.config.models and gone_since is not None and now - gone_since >= FORGET_MODEL_S \
-                    and model.idle():
-                del self.models[name]
+        """Names no worker serves and nobody waits for must not pile up: after a while, or past a count."""
+        excess = len(self._workerless) - MAX_WORKERLESS_MODELS
+        for name in list(self._workerless):
+            model = self.models.get(name)
+            if model is None or model.workers:
+                del self._workerless[name]
+                continue
+            old = now - (model.workerless_since or now) >= FORGET_MODEL_S
+            if not old and excess <= 0:
+                break  # the rest left later
+            if model.idle():
+                del self.models[name], self._workerless[name]
+                excess -= 1
 
     # ----------------------------------------------------- deadlines, cancel
 
@@ -544,6 +560,7 @@ class BrokerCore:
             "uptime_s": round(now - self.started_at, 3),
             "draining": self.draining,
             "limits": stats.limits_stats(self._default_limits, self.config.max_message_bytes),
+            "worker_removals": dict(self.removals),
             "models": {name: stats.model_stats(model) for name, model in self.models.items()},
             "workers": [stats.worker_stats(worker, now) for worker in self.workers.values()],
         }

@@ -33,7 +33,8 @@ from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 log = logging.getLogger("zbatch.broker")
 FINAL_LINGER_MS = 1_000
 FINAL_FLUSH_S = 0.2
-ROUTER_HWM = 100_000
+WORKER_QUEUE = 100_000  # messages to or from the workers: requests are bounded by their credit anyway
+CLIENT_INBOX = 1_000  # messages read ahead from the clients; more wait in the kernel and on the senders
 MAX_FRAME_FACTOR = 4  # the frame size libzmq refuses, in max_message_bytes (64 MiB by default)
 
 
@@ -56,9 +57,12 @@ class BrokerServer(daemon.Service):
             self._curve = CurveServer(self._context, config.curve_secret_key_file, {
                 CLIENTS_DOMAIN: config.curve_clients_dir, WORKERS_DOMAIN: config.curve_workers_dir,
             })
-        self._sockets[Peer.CLIENT] = self._router(config.frontend, CLIENTS_DOMAIN)
+        # A client's answers queue at most max_client_requests deep; one that does not read them loses the rest.
+        self._sockets[Peer.CLIENT] = self._router(config.frontend, CLIENTS_DOMAIN, send_hwm=config.max_client_requests,
+                                                  receive_hwm=CLIENT_INBOX)
         # a restarted worker with the same identity takes over its old connection
-        self._sockets[Peer.WORKER] = self._router(config.backend, WORKERS_DOMAIN, handover=True)
+        self._sockets[Peer.WORKER] = self._router(config.backend, WORKERS_DOMAIN, send_hwm=WORKER_QUEUE,
+                                                  receive_hwm=WORKER_QUEUE, handover=True)
         self._poller = PolledSockets(
             {self._sockets[Peer.CLIENT]: self._from_client, self._sockets[Peer.WORKER]: self._from_worker},
             after_round=self._flush, after_wake=self._tick,
@@ -67,11 +71,12 @@ class BrokerServer(daemon.Service):
                  NATIVE_STATUS)
         return {"the socket pump": self._poller.stopped}
 
-    def _router(self, endpoint: str, domain: str, *, handover: bool = False) -> Socket:
+    def _router(self, endpoint: str, domain: str, *, send_hwm: int, receive_hwm: int,
+                handover: bool = False) -> Socket:
         # libzmq drops the connection of a peer sending a frame MAX_FRAME_FACTOR times the limit, before
         # buffering it; messages between max_message_bytes and that get a "message too large" answer.
         return open_socket(self._context, zmq.ROUTER, bind=endpoint, mandatory=True, handover=handover,
-                           send_hwm=ROUTER_HWM, receive_hwm=ROUTER_HWM,
+                           send_hwm=send_hwm, receive_hwm=receive_hwm,
                            max_message_bytes=MAX_FRAME_FACTOR * self.config.max_message_bytes,
                            curve=None if self._curve is None else (self._curve, domain))
 

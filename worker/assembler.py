@@ -86,10 +86,14 @@ class Assembler:
         return self._queue[0].arrived_at if self._queue else float("inf")
 
     def cancel(self, job_id: bytes) -> Reply | None:
+        return self.fail(job_id, Status.CANCELLED, "cancelled by the broker")
+
+    def fail(self, job_id: bytes, status: Status, message: str) -> Reply | None:
+        """Answer a held request now with ``status``; None if it is not held (or already answered)."""
         request = self._by_id.get(job_id)
         if request is None or request.finished:
             return None
-        return self._finish(request, Status.CANCELLED, "cancelled by the broker")
+        return self._finish(request, status, message)
 
     def expire(self, now: float) -> list[Reply]:
         """Answer the requests whose deadline passed before their items could run."""

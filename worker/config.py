@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.requests import InputLimits
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import check_endpoint, load, option
@@ -39,6 +40,11 @@ class WorkerConfig:
         "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,max_batch_size=..,"
         "max_batch_delay_ms=..]' separated by ';' (unset keys: the main model's)")
     capacity: int = option(0, "items accepted in flight (0: two batches' worth)", minimum=0)
+    max_inputs: int = option(256, "most inputs in one request, from any caller (bad_request beyond)", minimum=1)
+    max_input_chars: int = option(100_000, "most characters in one input, from any caller (bad_request beyond)",
+                                  minimum=1)
+    max_body_bytes: int = option(1024 * 1024, "largest request payload, from any caller (bad_request beyond); "
+                                 "the gateway's body limit, for ZeroMQ callers", minimum=1024)
     torch_threads: int = option(0, "torch threads (0: this host's cores divided by --workers)", minimum=0)
     workers: int = option(1, "worker processes sharing this host's cores", minimum=1)
     name: str = option("", "worker identity shown by the broker (default: host-pid)")
@@ -63,6 +69,11 @@ class WorkerConfig:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
         if problem:
             raise ValueError(problem)
+
+    @property
+    def input_limits(self) -> InputLimits:
+        """The limits every request's payload is held to (the gateway holds HTTP callers to the same)."""
+        return InputLimits(self.max_inputs, self.max_input_chars, self.max_body_bytes)
 
     @property
     def identity(self) -> str:

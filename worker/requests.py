@@ -11,7 +11,7 @@ the model busy for seconds.
 
 The payload is walked, not unpacked whole (:class:`msgpack.Unpacker`):
 
-1. its size is checked against ``max_payload_bytes`` before anything else;
+1. its size is checked against ``max_body_bytes`` before anything else;
 2. the top level must be a map of ``inputs`` (an array) and, optionally,
    ``parameters`` (a map, or nil);
 3. the number of inputs is read from the array header and checked against
@@ -58,7 +58,7 @@ class InputLimits:
 
     max_inputs: int = 256
     max_input_chars: int = 100_000
-    max_payload_bytes: int = 1024 * 1024
+    max_body_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +70,9 @@ class DecodedRequest:
 
 def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRequest:
     """The inputs and parameters of a REQUEST's payload, within ``limits``; else :class:`BadPayload`."""
-    if len(payload) > limits.max_payload_bytes:
-        raise BadPayload(f"the payload has {len(payload)} bytes; the limit is {limits.max_payload_bytes} "
-                         "(max_payload_bytes): split the request")
+    if len(payload) > limits.max_body_bytes:
+        raise BadPayload(f"the payload has {len(payload)} bytes; the limit is {limits.max_body_bytes} "
+                         "(max_body_bytes): split the request or raise the limit")
     reader = _Reader(payload, limits)
     try:
         inputs, parameters = reader.request(items)
@@ -97,9 +97,9 @@ class _Reader:
         self.limits = limits
         self.unpacker = msgpack.Unpacker(
             raw=False, strict_map_key=False, ext_hook=decode_extension, max_buffer_size=max(len(payload), 1),
-            max_str_len=limits.max_input_chars * UTF8_BYTES_PER_CHAR, max_bin_len=limits.max_payload_bytes,
-            max_ext_len=limits.max_payload_bytes, max_array_len=limits.max_payload_bytes,
-            max_map_len=limits.max_payload_bytes,
+            max_str_len=limits.max_input_chars * UTF8_BYTES_PER_CHAR, max_bin_len=limits.max_body_bytes,
+            max_ext_len=limits.max_body_bytes, max_array_len=limits.max_body_bytes,
+            max_map_len=limits.max_body_bytes,
         )
         self.unpacker.feed(payload)
 
@@ -125,7 +125,7 @@ class _Reader:
 
     def _inputs(self, items: int) -> list[Any]:
         if self._kind() != "array":
-            raise BadPayload("'inputs' must be a list")
+            raise BadPayload("'inputs' must be a list: the payload is a map with a list of 'inputs'")
         count = self.unpacker.read_array_header()
         if count > self.limits.max_inputs:
             raise BadPayload(f"{count} inputs; the limit is {self.limits.max_inputs} per request "

@@ -26,9 +26,7 @@ import logging
 import os
 import socket as socketlib
 import time
-from typing import Any
 
-import msgpack
 import zmq
 import zmq.asyncio
 
@@ -37,14 +35,14 @@ from worker.config import WorkerConfig
 from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
 from worker.metrics import worker_families
+from worker.requests import BadPayload, decode_request
 from worker.slots import ModelSlot, model_slots
-from zbatch.protocol import payloads, wire
+from zbatch.protocol import wire
 from zbatch.protocol.wire import (
     BrokerToWorkerMessage,
     Cancel,
     Drain,
     Heartbeat,
-    ProtocolError,
     Ready,
     Reply,
     Request,
@@ -52,6 +50,7 @@ from zbatch.protocol.wire import (
 )
 from zbatch.runtime import daemon
 from zbatch.runtime.curve import client_keys
+from zbatch.runtime.logs import LogLimiter
 
 log = logging.getLogger("zbatch.worker")
 FINAL_FLUSH_S = 0.2
@@ -66,6 +65,7 @@ class WorkerServer(daemon.Service):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.slots = model_slots(config)
+        self.logs = LogLimiter(log, time.monotonic)
         self._context = zmq.asyncio.Context()
         self._engine: InferenceThread | None = None
         self._link: BrokerLink | None = None
@@ -134,13 +134,26 @@ class WorkerServer(daemon.Service):
         return wire.encode_heartbeat(Heartbeat(counters))
 
     def _deliver(self, message: BrokerToWorkerMessage) -> None:
-        if isinstance(message, Request):
-            self._accept(message)
-        elif isinstance(message, Cancel):
-            replies = (slot.assembler.cancel(message.request_id) for slot in self.slots.values())
-            self._send_replies([reply for reply in replies if reply is not None])
-        elif isinstance(message, Drain):
-            self._drain_acknowledged.set()
+        """Handle one message from the broker; whatever goes wrong with it, answer it and keep serving."""
+        try:
+            if isinstance(message, Request):
+                self._accept(message)
+            elif isinstance(message, Cancel):
+                replies = (slot.assembler.cancel(message.request_id) for slot in self.slots.values())
+                self._send_replies([reply for reply in replies if reply is not None])
+            elif isinstance(message, Drain):
+                self._drain_acknowledged.set()
+        except Exception:
+            self.logs.log("message-failed", logging.ERROR, "handling a %s from the broker failed; it is answered "
+                          "worker_error and the worker goes on", type(message).__name__, exc_info=True)
+            if isinstance(message, Request):
+                self._fail(message.request_id, "the worker failed while taking this request; see its log")
+
+    def _fail(self, job_id: bytes, message: str) -> None:
+        """Answer a request ``worker_error``, once, whether or not it is held already."""
+        held = [slot.assembler.fail(job_id, Status.WORKER_ERROR, message) for slot in self.slots.values()]
+        replies = [reply for reply in held if reply is not None]
+        self._send_replies(replies or [Reply(job_id, Status.WORKER_ERROR, message)])
 
     def _send_replies(self, replies: list[Reply]) -> None:
         assert self._link is not None
@@ -154,22 +167,22 @@ class WorkerServer(daemon.Service):
         slot = self.slots.get(request.model)
         try:
             if slot is None:
-                raise ValueError(f"this worker does not serve model {request.model!r}")
+                raise BadPayload(f"this worker does not serve model {request.model!r}")
             if any(s.assembler.holds(request.request_id) for s in self.slots.values()):
-                raise ValueError("this worker already holds a job with that id")
-            inputs, parameters = parse_payload(request)
-        except ValueError as exc:
-            log.info("refused job %s: %s", request.request_id.hex(), exc, extra={"request_id": request.trace})
+                raise BadPayload("this worker already holds a job with that id")
+            decoded = decode_request(request.payload, request.items, self.config.input_limits)
+        except BadPayload as exc:
+            self.logs.log("refused", logging.INFO, "refused job %s: %s", request.request_id.hex(), exc,
+                          request_id=request.trace)
             self._send_replies([Reply(request.request_id, Status.BAD_REQUEST, str(exc))])
             return
         deadline = now + (request.timeout_ms or self.config.drain_timeout_ms) / 1000
-        key = msgpack.packb(sorted(parameters.items()), use_bin_type=True, default=str)
-        log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, len(inputs),
+        log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, request.items,
                   extra={"request_id": request.trace})
         others_held = len(slot.assembler) > 0
-        slot.assembler.add(PendingRequest(request.request_id, inputs, parameters, key, deadline, now,
-                                          request.trace))
-        slot.policy.arrived(now, len(inputs), others_held)
+        slot.assembler.add(PendingRequest(request.request_id, decoded.inputs, decoded.parameters,
+                                          decoded.parameters_key, deadline, now, request.trace))
+        slot.policy.arrived(now, request.items, others_held)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -256,21 +269,3 @@ async def _wait(event: asyncio.Event, until: float) -> bool:
         return True
     except TimeoutError:
         return False
-
-
-def parse_payload(request: Request) -> tuple[list[Any], dict[str, Any]]:
-    """The request's inputs and parameters; ValueError says what is wrong with them."""
-    try:
-        body = payloads.decode_payload(request.payload)
-    except ProtocolError as exc:
-        raise ValueError(f"payload: {exc}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
-        raise ValueError("payload must be a map with a list of 'inputs'")
-    inputs, parameters = body["inputs"], body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise ValueError("'parameters' must be a map")
-    if not all(isinstance(name, str) for name in parameters):  # they become keyword arguments
-        raise ValueError("parameter names must be strings")
-    if len(inputs) != request.items:
-        raise ValueError(f"items says {request.items} but the payload has {len(inputs)} inputs")
-    return inputs, parameters

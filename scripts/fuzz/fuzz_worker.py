@@ -35,7 +35,7 @@ def test_one_input(data: bytes) -> None:
     if len(data) < 4:
         return
     items, max_inputs, max_chars = data[0], 1 + data[1] % 16, 1 + data[2] * 8
-    limits = InputLimits(max_inputs=max_inputs, max_input_chars=max_chars, max_payload_bytes=64 * 1024)
+    limits = InputLimits(max_inputs=max_inputs, max_input_chars=max_chars, max_body_bytes=64 * 1024)
     try:
         request = decode_request(data[3:], items, limits)
     except BadPayload:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker.core import FORGET_MODEL_S, OVERDUE_S, SWEEP_EVERY_S, BrokerCore
+from broker.core import FORGET_MODEL_S, MAX_WORKERLESS_MODELS, OVERDUE_S, SWEEP_EVERY_S, BrokerCore
 from broker.state import MAX_TOTAL, add_counters
 from tests.broker.test_core import (
     MODEL,
@@ -134,6 +134,17 @@ def test_idle_models_are_forgotten_but_configured_ones_stay(clock: FakeClock) ->
     clock.advance(FORGET_MODEL_S + SWEEP_EVERY_S)
     core.tick()
     assert set(core.models) == {MODEL}
+
+
+def test_models_of_workers_that_came_and_went_are_bounded_in_number(clock: FakeClock) -> None:
+    """A peer re-registering with fresh names cannot make the broker remember them all."""
+    core = make_core(clock, heartbeat_ms=100_000)
+    for number in range(MAX_WORKERLESS_MODELS + 500):
+        names = tuple(ModelInfo(f"fake-{number}-{i}", "e", 1) for i in range(2))
+        core.worker_message(b"rogue", wire.encode_ready(Ready(names, 1)))
+    core.worker_message(b"rogue", wire.encode_disconnect("bye"))
+    assert len(core.models) <= MAX_WORKERLESS_MODELS + 1  # and the configured model
+    assert MODEL in core.models
 
 
 def test_heartbeat_counters_are_kept_only_for_served_models_and_saturate(clock: FakeClock) -> None:

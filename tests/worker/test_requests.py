@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from worker.requests import MAX_PARAMETER_BYTES, MAX_PARTS, BadPayload, InputLimits, decode_request
 
-LIMITS = InputLimits(max_inputs=4, max_input_chars=10, max_payload_bytes=4096)
+LIMITS = InputLimits(max_inputs=4, max_input_chars=10, max_body_bytes=4096)
 
 
 def pack(body: Any) -> bytes:
@@ -49,13 +49,13 @@ def test_each_refusal_names_what_is_wrong(body: Any, items: int, complaint: str)
 def test_parameters_are_bounded_before_they_are_built() -> None:
     body = {"inputs": ["a"], "parameters": {"x": ["y" * 100] * (MAX_PARAMETER_BYTES // 100)}}
     with pytest.raises(BadPayload, match=f"the limit is {MAX_PARAMETER_BYTES}"):
-        decode_request(pack(body), 1, InputLimits(max_payload_bytes=10 * MAX_PARAMETER_BYTES))
+        decode_request(pack(body), 1, InputLimits(max_body_bytes=10 * MAX_PARAMETER_BYTES))
 
 
 def test_a_payload_over_the_byte_limit_is_refused_unread() -> None:
     """15 MiB of empty arrays: refused on its size, without a single object built."""
     bomb = b"\x81\xa6inputs\xdd" + (15 << 20).to_bytes(4, "big") + b"\x90" * (15 << 20)
-    with pytest.raises(BadPayload, match="the limit is 1048576 \\(max_payload_bytes\\)"):
+    with pytest.raises(BadPayload, match="the limit is 1048576 \\(max_body_bytes\\)"):
         decode_request(bomb, 15 << 20, InputLimits())
 
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from tests.daemons import Daemon, broker_stats
+from worker.requests import BadPayload, InputLimits, decode_request
 from worker.runners import DEFAULT_MODEL_NAME
-from worker.server import parse_payload
 from zbatch.client import AsyncClient
 from zbatch.protocol import payloads
 from zbatch.protocol.wire import Request, Status
@@ -18,10 +18,15 @@ def request(body: object, items: int = 1) -> Request:
     return Request(b"job", DEFAULT_MODEL_NAME, items, payloads.encode_payload(body))
 
 
+def parse(job: Request) -> tuple[list[object], dict[str, object]]:
+    decoded = decode_request(job.payload, job.items, InputLimits())
+    return decoded.inputs, decoded.parameters
+
+
 def test_parse_payload_takes_inputs_and_parameters() -> None:
-    assert parse_payload(request({"inputs": ["a", "b"], "parameters": {"normalize": False}}, 2)) == (
+    assert parse(request({"inputs": ["a", "b"], "parameters": {"normalize": False}}, 2)) == (
         ["a", "b"], {"normalize": False})
-    assert parse_payload(request({"inputs": ["a"]})) == (["a"], {})
+    assert parse(request({"inputs": ["a"]})) == (["a"], {})
 
 
 @pytest.mark.parametrize(("body", "problem"), [
@@ -32,8 +37,8 @@ def test_parse_payload_takes_inputs_and_parameters() -> None:
     ({"inputs": ["a", "b"]}, "items says 1"),
 ])
 def test_parse_payload_refuses_what_it_cannot_use(body: object, problem: str) -> None:
-    with pytest.raises(ValueError, match=problem):
-        parse_payload(request(body))
+    with pytest.raises(BadPayload, match=problem):
+        parse(request(body))
 
 
 def test_parameter_names_of_mixed_types_are_refused_and_the_workers_keep_serving(stack: dict[str, Daemon]) -> None:

@@ -26,12 +26,13 @@ import zmq
 import zmq.asyncio
 
 from zbatch.client.breaker import OverloadBreaker, Ticket
-from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, raise_for_status
+from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Reply, Request, Status
 from zbatch.runtime.curve import CurveKeys
 from zbatch.runtime.sockets import PolledSockets, open_socket
 
+HEARTBEAT = wire.encode_heartbeat()
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 
@@ -272,10 +273,17 @@ class AsyncClient:
                 future.set_exception(lost)
 
     def _deliver(self, frames: list[bytes]) -> None:
+        if frames == HEARTBEAT:
+            return
         try:
             reply = wire.decode_reply(frames)
-        except wire.ProtocolError:
-            return  # not ours to answer; the matching request will time out
+        except wire.ProtocolError as exc:
+            # An answer this client cannot read (a status it does not know, say) still ends its request.
+            request_id = wire.request_id_of(frames)
+            unreadable = self._pending.get(request_id) if request_id is not None else None
+            if unreadable is not None and not unreadable.done():
+                unreadable.set_exception(ZBatchError(f"the broker's answer could not be read: {exc}"))
+            return
         future = self._pending.get(reply.request_id)
         if future is not None and not future.done():
             future.set_result(reply)

@@ -56,5 +56,10 @@ ERRORS_BY_STATUS: dict[Status, type[ZBatchError]] = {
 
 
 def raise_for_status(reply: Reply) -> None:
-    if reply.status is not Status.OK:
-        raise ERRORS_BY_STATUS[reply.status](reply.message, reply.retry_after_ms)
+    """The typed error of a failed reply; a status with no error class of its own raises :class:`ZBatchError`."""
+    if reply.status is Status.OK:
+        return
+    error = ERRORS_BY_STATUS.get(reply.status)
+    if error is None:  # a status no client should see, such as cancelled
+        raise ZBatchError(f"the request ended with status {reply.status.value}: {reply.message}")
+    raise error(reply.message, reply.retry_after_ms)

@@ -51,6 +51,7 @@ from typing import Any, ClassVar, NamedTuple, NoReturn
 
 from prometheus_client.core import Metric
 
+from zbatch.runtime import memory
 from zbatch.runtime.metrics import start_metrics
 from zbatch.runtime.sdnotify import Notifier
 
@@ -131,6 +132,7 @@ class _Lifecycle:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
+        memory.return_large_allocations()  # a burst of big messages must not stay in the resident size
         try:
             await self._start()
             await self._serve()

@@ -78,7 +78,8 @@ class LogLimiter:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def log(self, kind: str, level: int, text: str, *args: object, request_id: str = "") -> None:
+    def log(self, kind: str, level: int, text: str, *args: object, request_id: str = "",
+            exc_info: bool = False) -> None:
         if not self._logger.isEnabledFor(level):
             return
         now = self._clock()
@@ -94,4 +95,4 @@ class LogLimiter:
             text += " (and %d more like it in the last %.0f s)"
             args = (*args, held, now - last if last is not None else self._every_s)
         self._last[kind] = now
-        self._logger.log(level, text, *args, extra={"request_id": request_id})
+        self._logger.log(level, text, *args, extra={"request_id": request_id}, exc_info=exc_info)

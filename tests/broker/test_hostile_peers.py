@@ -1,0 +1,137 @@
+"""A real broker under hostile peers (tests/hostile.py): bounded by its settings, honest traffic all answered.
+
+Each attack runs while honest clients keep asking an echo worker: every one
+of their requests must be answered ok, and the broker must still answer
+STATS afterwards.  Memory is judged by what the broker holds (its backlog's
+bytes, its models), not by timings; scripts/benchmarks/hostile.py measures
+the RSS of the same attacks at full size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from tests.daemons import Daemon, broker_stats, spawn, start_broker, wait_until
+from tests.hostile import HostileWorker, NormalTraffic, blast, never_read
+from zbatch.protocol.wire import BatchCounters
+
+MIB = 1 << 20
+ECHO, VICTIM = "echo", "m"
+Context = zmq.Context[zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def context() -> Iterator[Context]:
+    context: Context = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def broker(log_dir: Path) -> Iterator[Daemon]:
+    broker = start_broker(log_dir, models=(VICTIM, ECHO), max_backlog_bytes=8 * MIB,
+                          no_worker_grace_ms=200)
+    echo = spawn("scripts.benchmarks.echo_worker", "echo", log_dir, "broker", backend=broker.backend, name="echo",
+                 model=ECHO, outputs="vector")
+    try:
+        wait_until(lambda: len(stats(broker)["workers"]) == 1, 60, "the echo worker to register", echo.log)
+        yield broker
+    finally:
+        echo.stop()
+        broker.stop()
+
+
+def stats(broker: Daemon) -> dict[str, Any]:
+    answer = broker_stats(broker.frontend, timeout_ms=5_000)
+    assert answer is not None, broker.log()
+    return answer
+
+
+def assert_unharmed(broker: Daemon, traffic: NormalTraffic) -> None:
+    summary = traffic.summary()
+    assert summary["ok"] == summary["sent"] > 0, summary
+    assert broker.alive() and stats(broker)["uptime_s"] > 0
+
+
+def test_a_backlog_is_bounded_in_bytes_and_lets_its_payloads_go(broker: Daemon, context: Context) -> None:
+    """40 requests of 1 MiB for a model whose one worker never answers: 8 MiB wait, the rest are refused."""
+    stuck = HostileWorker(context, broker.backend, b"stuck").start()
+    stuck.ready([VICTIM], 1)
+    wait_until(lambda: len(stats(broker)["workers"]) == 2, 10, "the stuck worker to register")
+    try:
+        with NormalTraffic(broker.frontend, ECHO) as traffic:
+            statuses = blast(context, broker.frontend, VICTIM, b"\x00" * MIB, 40, timeout_ms=3_000, wait_s=30)
+            traffic.stop()
+        assert sum(statuses.values()) == 40, statuses
+        assert statuses["overloaded"] >= 40 - 9 and statuses["deadline_exceeded"] >= 1, statuses
+        assert stats(broker)["models"][VICTIM]["backlog_bytes"] == 0
+        assert_unharmed(broker, traffic)
+    finally:
+        stuck.close()
+
+
+def test_a_worker_lying_about_its_capacity_is_refused(broker: Daemon, context: Context) -> None:
+    liar = HostileWorker(context, broker.backend, b"liar").start()
+    liar.ready([VICTIM], 10**9)
+    try:
+        with NormalTraffic(broker.frontend, ECHO) as traffic:
+            statuses = blast(context, broker.frontend, VICTIM, b"\x00" * 1000, 10, timeout_ms=1_000, wait_s=30)
+            traffic.stop()
+        assert liar.received == 0 and sum(statuses.values()) == 10
+        assert [w["name"] for w in stats(broker)["workers"]] == ["echo"]
+        assert_unharmed(broker, traffic)
+    finally:
+        liar.close()
+
+
+def test_clients_that_never_read_cost_a_bounded_queue_and_others_are_served(broker: Daemon, context: Context) -> None:
+    with NormalTraffic(broker.frontend, ECHO) as traffic:
+        greedy = [never_read(context, broker.frontend, 20_000) for _ in range(3)]
+        wait_until(lambda: traffic.answered >= 200, 30, "honest traffic next to the greedy clients")
+        traffic.stop()
+    for socket in greedy:
+        socket.close(linger=0)
+    assert_unharmed(broker, traffic)
+
+
+def test_a_flood_of_model_names_is_bounded_and_stats_stay_small(broker: Daemon, context: Context) -> None:
+    flood = HostileWorker(context, broker.backend, b"flood").start()
+    try:
+        with NormalTraffic(broker.frontend, ECHO) as traffic:
+            flood.ready([f"too-many-{i}" for i in range(1_024)], 1)  # refused whole: over 64 models
+            for number in range(100):
+                flood.ready([f"fake-{number}-{i}" for i in range(64)], 1)
+            wait_until(lambda: "fake-99-0" in stats(broker)["models"], 30, "the last registration")
+            traffic.stop()
+        known = stats(broker)["models"]
+        assert "too-many-0" not in known and len(known) <= 2 + 1_024 + 64
+        assert_unharmed(broker, traffic)
+    finally:
+        flood.close()
+
+
+def test_counters_past_their_range_are_refused_and_stats_still_answer(broker: Daemon, context: Context) -> None:
+    huge = HostileWorker(context, broker.backend, b"huge").start()
+    try:
+        huge.ready([VICTIM], 2**64 - 1)
+        huge.ready([VICTIM], 4)
+        wait_until(lambda: len(stats(broker)["workers"]) == 2, 10, "the worker's second, valid, READY")
+        big = 2**64 - 1
+        huge.heartbeat({VICTIM: BatchCounters(big, big, big, big)})
+        huge.heartbeat({VICTIM: BatchCounters(2**48, 2**48, 0, 0)})
+        wait_until(lambda: stats(broker)["models"][VICTIM]["batches"] == 2**48, 10, "the valid counters")
+        assert stats(broker)["workers"][-1]["capacity"] == 4
+    finally:
+        huge.close()
+
+
+def test_a_flood_of_refusals_writes_a_bounded_log(broker: Daemon, context: Context) -> None:
+    before = broker.log_path.stat().st_size
+    statuses = blast(context, broker.frontend, "nobody-serves-this", b"", 20_000, timeout_ms=1_000, wait_s=60)
+    assert statuses == {"unknown_model": 20_000}
+    assert broker.log_path.stat().st_size - before < 20_000  # a line per kind per 10 s, not per request
