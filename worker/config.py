@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -58,9 +58,12 @@ class WorkerConfig:
         "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows",
         check=check_secret_key_file
     )
+    insecure: bool = option(False, INSECURE_HELP)
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        problem = problem or check_exposure({"backend": self.backend}, curve=bool(self.curve_server_key_file),
+                                            insecure=self.insecure)
         if problem:
             raise ValueError(problem)
 
