@@ -158,32 +158,56 @@ def client_keys(server_key_file: str, secret_key_file: str) -> CurveKeys | None:
     return CurveKeys.from_files(server_key_file, secret_key_file) if server_key_file else None
 
 
-class RefusalLog:
-    """Warnings about refused peers, rate-limited: a burst of ``burst`` lines, then ``per_s`` a second.
+class _Bucket:
+    """A token bucket: ``burst`` at once, then ``per_s`` a second."""
 
-    A refusal that is not logged is counted, and the next line says how many were left out, so a
-    flood costs a few lines and still shows its size.  ``total`` counts every refusal.
+    def __init__(self, burst: float, per_s: float, now: float) -> None:
+        self.burst, self.per_s = burst, per_s
+        self.tokens, self.at = burst, now
+        self.left_out = 0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class RefusalLog:
+    """Warnings about refused peers, rate-limited per subject and overall, so a flood costs a few lines.
+
+    Each subject (what was refused and whose: a kind and a key name or address) may log a burst of
+    :data:`SUBJECT_BURST` lines, then one a second; all subjects together :data:`TOTAL_BURST`, then
+    :data:`TOTAL_PER_S` a second.  A refusal left out is counted, and the subject's next line says how
+    many; past :data:`MAX_SUBJECTS` subjects, new ones share one.  ``total`` counts every refusal.
     """
 
-    def __init__(self, burst: int = 10, per_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.total = 0
-        self._burst, self._per_s, self._clock = burst, per_s, clock
-        self._tokens = float(burst)
-        self._at = clock()
-        self._left_out = 0
+    SUBJECT_BURST, SUBJECT_PER_S = 5, 1.0
+    TOTAL_BURST, TOTAL_PER_S = 50, 10.0
+    MAX_SUBJECTS = 256
 
-    def warn(self, message: str, *args: object) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = 0
+        self._clock = clock
+        self._all = _Bucket(self.TOTAL_BURST, self.TOTAL_PER_S, clock())
+        self._subjects: dict[str, _Bucket] = {}
+
+    def warn(self, subject: str, message: str, *args: object) -> None:
         self.total += 1
         now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._per_s)
-        self._at = now
-        if self._tokens < 1:
-            self._left_out += 1
+        if subject not in self._subjects and len(self._subjects) >= self.MAX_SUBJECTS:
+            subject = "(other subjects)"
+        bucket = self._subjects.get(subject)
+        if bucket is None:
+            bucket = self._subjects[subject] = _Bucket(self.SUBJECT_BURST, self.SUBJECT_PER_S, now)
+        if not (bucket.take(now) and self._all.take(now)):
+            bucket.left_out += 1
             return
-        self._tokens -= 1
-        if self._left_out:
-            message += f" ({self._left_out} more refusal(s) since the last line were not logged)"
-            self._left_out = 0
+        if bucket.left_out:
+            message += f" (and {bucket.left_out} more like it not logged)"
+            bucket.left_out = 0
         log.warning(message, *args)
 
 
@@ -259,13 +283,15 @@ class KeyAuthenticator(AsyncioAuthenticator):
             return
         domain, address = domain_frame.decode(errors="replace"), address_frame.decode(errors="replace")
         if mechanism != b"CURVE" or len(credentials) != 1:
-            self.refusals.warn("CURVE: refused a %s handshake from %s on the %s socket: only CURVE is accepted",
+            self.refusals.warn(f"handshake {domain} {address}",
+                               "CURVE: refused a %s handshake from %s on the %s socket: only CURVE is accepted",
                                mechanism.decode(errors="replace"), address, domain)
             self._reply(request_id, b"400", b"CURVE only")
             return
         name = self.names.get(domain, {}).get(credentials[0])
         if name is None:
-            self.refusals.warn("CURVE: refused a connection from %s on the %s socket: its key %s is not in %s "
+            self.refusals.warn(f"key {domain} {address}",
+                               "CURVE: refused a connection from %s on the %s socket: its key %s is not in %s "
                                "(add its NAME.key there and reload the broker)", address, domain,
                                z85.encode(credentials[0]).decode(), self.folders.get(domain, "its allow-list"))
             self._reply(request_id, b"400", b"Unknown key")
@@ -351,13 +377,14 @@ class WorkerKeyGuard:
             key = ""
         routing_id = frames[0]
         if routing_id != key.encode():
-            self.refusals.warn("CURVE: refused a message on the backend from a connection with key %r under "
+            self.refusals.warn(f"routing id {key}",
+                               "CURVE: refused a message on the backend from a connection with key %r under "
                                "routing id %r: a worker's routing id must be its key's name (start it with "
                                "--name %s, or give it a key pair named as it)", key, _shown(routing_id), key)
             return None
         if len(frames) > 1 and frames[1] == _READY_HEADER and (name := _ready_name(frames[1:])) not in ("", key):
-            self.refusals.warn("CURVE: refused READY from worker %r: it calls itself %r, but a worker's name "
-                               "must be its key's name", key, name)
+            self.refusals.warn(f"name {key}", "CURVE: refused READY from worker %r: it calls itself %r, but a "
+                               "worker's name must be its key's name", key, name)
             return None
         if self._unproven:
             self._unproven.pop(int(first.get(zmq.SRCFD)), None)
@@ -387,7 +414,8 @@ class WorkerKeyGuard:
         if not peer or _peer(descriptor) != peer:
             return  # closed since, or not a connection we know: leave it alone
         self.cut += 1
-        self.refusals.warn("CURVE: cut the backend connection from %s: nothing came from it under its key's "
+        self.refusals.warn(f"cut {peer.rsplit(':', 1)[0]}",
+                           "CURVE: cut the backend connection from %s: nothing came from it under its key's "
                            "name for %.1f s (its routing id is another key's name, or held by another "
                            "connection)", peer, self._grace_s)
         try:
