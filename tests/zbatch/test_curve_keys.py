@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,15 @@ import zmq
 import zmq.asyncio
 
 from worker.config import load_config as load_worker_config
-from zbatch.runtime.curve import WORKERS_DOMAIN, CurveKeys, CurveServer, RefusalLog, key_name, read_named_keys
+from zbatch.runtime.curve import (
+    WORKERS_DOMAIN,
+    CurveKeys,
+    CurveServer,
+    RefusalLog,
+    WorkerKeyGuard,
+    key_name,
+    read_named_keys,
+)
 from zbatch.runtime.sockets import open_socket
 from zbatch.tools.keys import make_key_pair
 
@@ -119,3 +129,42 @@ def test_a_worker_under_curve_is_named_after_its_key(keys: Path, capsys: pytest.
     error = capsys.readouterr().err
     assert "name 'gpu7' is not the name of this worker's CURVE key 'w0'" in error and error.count("\n") == 1
     assert load_worker_config(["--name", "gpu7"], {}).identity == "gpu7"  # without CURVE, any name
+
+
+def monitor_event(event: int, descriptor: int) -> list[bytes]:
+    """A socket monitor message as libzmq sends it: event and value, then the endpoint."""
+    return [struct.pack("=hi", event, descriptor), b"tcp://127.0.0.1:5556"]
+
+
+def test_the_guard_cuts_a_connection_that_shows_nothing_in_time_and_only_that_one() -> None:
+    now = [0.0]
+    guard = WorkerKeyGuard(RefusalLog(clock=lambda: now[0]), grace_s=1.0, clock=lambda: now[0])
+    watched, peer = socket.socketpair()
+    reused, reused_peer = socket.socketpair()
+    try:
+        guard.on_monitor_event(monitor_event(zmq.EVENT_ACCEPTED, watched.fileno()))
+        assert guard.expire() == 1.0
+        now[0] = 1.5
+        assert guard.expire() is None and guard.cut == 1
+        assert peer.recv(1) == b""  # shut down: the peer sees the end of the stream
+        # A descriptor that was closed and reused by the time the deadline came is someone else's.
+        guard.on_monitor_event(monitor_event(zmq.EVENT_ACCEPTED, reused.fileno()))
+        number = reused.fileno()
+        reused.close()
+        stranger, stranger_peer = socket.socketpair()
+        assert number in (stranger.fileno(), stranger_peer.fileno())
+        now[0] = 3.0
+        assert guard.expire() is None and guard.cut == 1
+        stranger.setblocking(False)
+        stranger_peer.setblocking(False)
+        stranger.send(b"x")
+        assert stranger_peer.recv(1) == b"x"
+        stranger.close()
+        stranger_peer.close()
+        # A connection that is gone is forgotten.
+        guard.on_monitor_event(monitor_event(zmq.EVENT_ACCEPTED, peer.fileno()))
+        guard.on_monitor_event(monitor_event(zmq.EVENT_DISCONNECTED, peer.fileno()))
+        assert guard.expire() is None
+    finally:
+        for sock in (watched, peer, reused_peer):
+            sock.close()

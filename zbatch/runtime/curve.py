@@ -355,7 +355,7 @@ class WorkerKeyGuard:
         self.cut = 0  # connections cut so far
         self._grace_s = grace_s
         self._clock = clock
-        self._unproven: dict[int, tuple[float, str]] = {}  # descriptor -> (deadline, peer address)
+        self._unproven: dict[int, tuple[float, _Connection]] = {}  # descriptor -> (deadline, connection)
         self._drain_monitor: Callable[[], None] = lambda: None
 
     def watch(self, drain_monitor: Callable[[], None]) -> None:
@@ -395,7 +395,9 @@ class WorkerKeyGuard:
         event = parse_monitor_message(frames)
         descriptor = int(event["value"])
         if event["event"] == zmq.EVENT_ACCEPTED:
-            self._unproven[descriptor] = (self._clock() + self._grace_s, _peer(descriptor))
+            connection = _Connection.on(descriptor)
+            if connection is not None:
+                self._unproven[descriptor] = (self._clock() + self._grace_s, connection)
         else:
             self._unproven.pop(descriptor, None)
 
@@ -404,20 +406,20 @@ class WorkerKeyGuard:
         now = self._clock()
         if any(deadline <= now for deadline, _ in self._unproven.values()):
             self._drain_monitor()
-            for descriptor, (deadline, peer) in list(self._unproven.items()):
+            for descriptor, (deadline, connection) in list(self._unproven.items()):
                 if deadline <= now:
                     del self._unproven[descriptor]
-                    self._cut(descriptor, peer)
+                    self._cut(descriptor, connection)
         return min((deadline for deadline, _ in self._unproven.values()), default=None)
 
-    def _cut(self, descriptor: int, peer: str) -> None:
-        if not peer or _peer(descriptor) != peer:
-            return  # closed since, or not a connection we know: leave it alone
+    def _cut(self, descriptor: int, connection: _Connection) -> None:
+        if _Connection.on(descriptor) != connection:
+            return  # closed since, and the number reused: not the connection we were watching
         self.cut += 1
-        self.refusals.warn(f"cut {peer.rsplit(':', 1)[0]}",
+        self.refusals.warn(f"cut {connection.host}",
                            "CURVE: cut the backend connection from %s: nothing came from it under its key's "
                            "name for %.1f s (its routing id is another key's name, or held by another "
-                           "connection)", peer, self._grace_s)
+                           "connection)", connection.peer, self._grace_s)
         try:
             with stdlib_socket.socket(fileno=os.dup(descriptor)) as duplicate:
                 duplicate.shutdown(stdlib_socket.SHUT_RDWR)
@@ -425,14 +427,28 @@ class WorkerKeyGuard:
             log.debug("could not cut descriptor %d: %s", descriptor, exc)
 
 
-def _peer(descriptor: int) -> str:
-    """``host:port`` of the TCP peer on ``descriptor``, or "" (not a TCP socket, or closed)."""
-    try:
-        with stdlib_socket.socket(fileno=os.dup(descriptor)) as duplicate:
-            address = duplicate.getpeername()
-    except OSError:
-        return ""
-    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else ""
+@dataclass(frozen=True)
+class _Connection:
+    """Which socket a descriptor holds (its inode: a reused number is another socket), and its peer."""
+
+    inode: tuple[int, int]
+    peer: str
+
+    @property
+    def host(self) -> str:
+        return self.peer.rsplit(":", 1)[0]
+
+    @classmethod
+    def on(cls, descriptor: int) -> _Connection | None:
+        """The socket on ``descriptor`` now, or None if there is none."""
+        try:
+            status = os.fstat(descriptor)
+            with stdlib_socket.socket(fileno=os.dup(descriptor)) as duplicate:
+                address = duplicate.getpeername()
+        except OSError:
+            return None
+        peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else f"a local socket ({address or 'ipc'})"
+        return cls((status.st_dev, status.st_ino), peer)
 
 
 def _ready_name(frames: list[bytes]) -> str:
