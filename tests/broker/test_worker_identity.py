@@ -4,7 +4,8 @@ The broker runs CURVE with a short liveness window (0.2 s heartbeats, 5 of them)
 the real daemon with the real model and its own key, and a client keeps sending requests for the whole
 of every attack: each one must be answered.  The attackers are raw pyzmq DEALERs holding allowed keys,
 so their handshakes succeed; what is refused is the name.  After each attack the broker, the worker and
-the traffic must still be fine, and the broker's log must say what it refused.
+the traffic must still be fine, and the broker's log must say what it refused.  Last, the price of no
+ROUTER_HANDOVER under CURVE is checked: a worker whose host died still gets its name back.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,12 +27,13 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tests.daemons import Daemon, broker_stats, spawn, start_broker, wait_for_worker, wait_until
+from tests.daemons import ROOT, Daemon, broker_stats, spawn, start_broker, wait_for_worker, wait_until
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import AsyncClient
 from zbatch.protocol import wire
 from zbatch.protocol.wire import ModelInfo, Ready, Reply, Status
 from zbatch.runtime.curve import CurveKeys
+from zbatch.testing import daemon_env
 from zbatch.tools.keys import make_key_pair
 
 MODEL = DEFAULT_MODEL_NAME
@@ -317,4 +322,60 @@ def test_a_client_key_cannot_register_a_worker(stack: Stack, context: Context) -
     log = stack.log_since(mark)
     assert "refused a connection from 127.0.0.1 on the workers socket: its key" in log, log
     assert str(stack.keys.workers) in log
+    stack.healthy()
+
+
+# A worker process in a few lines: READY until the broker answers, then a heartbeat every interval.
+FAKE_WORKER = """
+import sys, time, zmq
+from zbatch.protocol import wire
+from zbatch.protocol.wire import ModelInfo, Ready
+from zbatch.runtime.curve import CurveKeys
+backend, server_key, secret_key, name = sys.argv[1:5]
+socket = zmq.Context().socket(zmq.DEALER)
+socket.setsockopt(zmq.ROUTING_ID, name.encode())
+CurveKeys.from_files(server_key, secret_key).apply(socket)
+socket.connect(backend)
+interval, heard = float(sys.argv[5]) / 1000, False
+while True:
+    socket.send_multipart(wire.encode_heartbeat() if heard else
+                          wire.encode_ready(Ready((ModelInfo("other-model", "embeddings", 4),), 8, name)))
+    until = time.monotonic() + interval
+    while socket.poll(max(0, int((until - time.monotonic()) * 1000))):
+        socket.recv_multipart()
+        heard = True
+"""
+
+
+def test_a_worker_whose_host_died_gets_its_name_back(stack: Stack) -> None:
+    """No handover under CURVE: the dead connection must be closed by the broker (ZMTP heartbeats), then
+    the restarted worker registers under its name.  A stopped process stands for the dead host: its
+    kernel keeps the TCP connection open, but nothing answers on it."""
+    def fake_w2() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", FAKE_WORKER, stack.broker.backend,
+                                 str(stack.keys.folder / "broker.key"), stack.keys.secret("w2"), "w2",
+                                 str(HEARTBEAT_MS)], env=daemon_env(), cwd=ROOT)
+
+    def w2_pid() -> int | None:
+        return next((pid for name, _, pid in stack.workers() if name == "w2"), None)
+
+    dead, restarted = fake_w2(), None
+    try:
+        wait_until(lambda: w2_pid() == 0, 20, "the first w2 to register", stack.broker.log)
+        with Traffic(stack.broker.frontend, stack.keys.of("client")) as traffic:
+            dead.send_signal(signal.SIGSTOP)
+            restarted = fake_w2()
+            stopped_at = time.monotonic()
+            # Registered again: the READY of the new connection reached the core.
+            wait_until(lambda: stack.broker.log_path.read_text().count("registered: w2 ") >= 2, 30,
+                       "the restarted w2 to register", stack.broker.log)
+            took_s = time.monotonic() - stopped_at
+        traffic.check()
+        assert w2_pid() == 0 and took_s < 10 * GRACE_S, took_s
+    finally:
+        for process in (dead, restarted):
+            if process is not None:
+                process.kill()
+                process.wait()
+    wait_until(lambda: w2_pid() is None, 20, "w2 to be gone", stack.broker.log)
     stack.healthy()
