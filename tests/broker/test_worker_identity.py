@@ -137,8 +137,8 @@ def context() -> Iterator[Context]:
 class Traffic:
     """A client sending requests, four at a time, from before an attack until after it; every answer is checked.
 
-    ``during`` counts the answers that came while the ``with`` block ran (the attack); on leaving,
-    traffic goes on until :data:`AFTER` more have come.
+    :meth:`expect_answers` waits, while the attacker is at work, for requests answered meanwhile; on
+    leaving the ``with`` block traffic goes on until :data:`AFTER` more have come.
     """
 
     AFTER = 5
@@ -146,7 +146,6 @@ class Traffic:
     frontend: str
     curve: CurveKeys
     answered: int = 0
-    during: int = 0
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -154,24 +153,25 @@ class Traffic:
     def __enter__(self) -> Traffic:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
-        wait_until(lambda: self.answered or self.failures, 60, "the first answer")
-        self.during = -self.answered
+        self.expect_answers(1)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.during += self.answered
         try:
-            end = self.answered + self.AFTER
-            wait_until(lambda: self.answered >= end or self.failures, 60, "answers after the attack")
+            self.expect_answers(self.AFTER)
         finally:
             self._stop.set()
             assert self._thread is not None
             self._thread.join(60)
 
+    def expect_answers(self, count: int = 3) -> None:
+        """Until ``count`` more requests are answered (a slow, busy machine gets a minute)."""
+        end = self.answered + count
+        wait_until(lambda: self.answered >= end or self.failures, 60, f"{count} more answers")
+
     def check(self) -> None:
-        """Every request answered, and answers kept coming during the attack."""
+        """Every request was answered."""
         assert not self.failures, self.failures[:5]
-        assert self.during > 0, "no answer came during the attack"
 
     async def _run(self) -> None:
         async with AsyncClient(self.frontend, curve=self.curve) as client:
@@ -243,6 +243,7 @@ def test_another_key_cannot_take_a_registered_workers_name(stack: Stack, context
             # w1's key is allowed, so the handshake itself succeeds: it is the name that is refused.
             assert rogue.next_event(10) == zmq.EVENT_HANDSHAKE_SUCCEEDED
             rogue.pretend_to_serve("w0", GRACE_S / 2)
+            traffic.expect_answers()
             assert stack.workers() == [("w0", "w0", stack.worker.pid)]
             assert rogue.next_event(GRACE_S + 10) == zmq.EVENT_DISCONNECTED  # the broker cut it
             assert rogue.received == [], "the broker sent something to the impostor"
@@ -261,6 +262,7 @@ def test_another_key_cannot_hold_a_free_name(stack: Stack, context: Context) -> 
         try:
             assert squatter.next_event(10) == zmq.EVENT_HANDSHAKE_SUCCEEDED
             squatter.pretend_to_serve("w2", GRACE_S / 2)
+            traffic.expect_answers()
             assert [w for w in stack.workers() if "w2" in w[:2]] == []
             assert squatter.next_event(GRACE_S + 10) == zmq.EVENT_DISCONNECTED
             assert squatter.received == []
@@ -293,6 +295,7 @@ def test_a_worker_cannot_announce_another_workers_name(stack: Stack, context: Co
         try:
             assert w1.next_event(10) == zmq.EVENT_HANDSHAKE_SUCCEEDED
             w1.pretend_to_serve("w0", GRACE_S / 2)
+            traffic.expect_answers()
             assert [w for w in stack.workers() if w[1] == "w1"] == []
             assert "refused READY from worker 'w1': it calls itself 'w0'" in stack.log_since(mark)
             w1.send(wire.encode_ready(Ready((ModelInfo("other-model", "embeddings", 4),), 8, "w1")))
@@ -314,6 +317,7 @@ def test_a_client_key_cannot_register_a_worker(stack: Stack, context: Context) -
         try:
             assert intruder.next_event(10) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
             intruder.pretend_to_serve("client", GRACE_S / 2)
+            traffic.expect_answers()
             assert intruder.received == []
         finally:
             intruder.close()
@@ -365,13 +369,13 @@ def test_a_worker_whose_host_died_gets_its_name_back(stack: Stack) -> None:
         with Traffic(stack.broker.frontend, stack.keys.of("client")) as traffic:
             dead.send_signal(signal.SIGSTOP)
             restarted = fake_w2()
-            stopped_at = time.monotonic()
-            # Registered again: the READY of the new connection reached the core.
+            traffic.expect_answers()
+            # Registered again: the READY of the new connection reached the core (without the broker's
+            # ZMTP heartbeats it never does: the dead connection keeps the name).
             wait_until(lambda: stack.broker.log_path.read_text().count("registered: w2 ") >= 2, 30,
                        "the restarted w2 to register", stack.broker.log)
-            took_s = time.monotonic() - stopped_at
         traffic.check()
-        assert w2_pid() == 0 and took_s < 10 * GRACE_S, took_s
+        assert w2_pid() == 0
     finally:
         for process in (dead, restarted):
             if process is not None:
