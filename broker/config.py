@@ -9,7 +9,7 @@ from broker.core import CoreSettings
 from broker.limits import ModelLimits, check_model_limits, parse_model_limits
 from zbatch.runtime.curve import check_broker_settings, check_key_dir, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,12 @@ class BrokerConfig:
                                     "on the frontend", check=check_key_dir)
     curve_workers_dir: str = option("", "folder of the public keys of workers allowed on the backend",
                                     check=check_key_dir)
+    insecure: bool = option(False, INSECURE_HELP)
 
     def __post_init__(self) -> None:
         problem = check_broker_settings(self.curve_secret_key_file, self.curve_clients_dir, self.curve_workers_dir)
+        problem = problem or check_exposure({"frontend": self.frontend, "backend": self.backend},
+                                            curve=bool(self.curve_secret_key_file), insecure=self.insecure)
         if problem:
             raise ValueError(problem)
 

@@ -11,6 +11,15 @@ The lifecycle is :mod:`zbatch.runtime.daemon`'s; the drain is staged: stop
 admitting, let admitted work finish for up to ``drain_timeout_ms``, answer
 whatever is left, then close both sockets before terminating the context.
 SIGHUP reads the CURVE allow-lists again.
+
+With CURVE, a worker is the name of its key (:mod:`zbatch.runtime.curve`):
+the backend reads through a :class:`~zbatch.runtime.curve.WorkerKeyGuard`,
+which refuses a message whose routing id is not its connection's key name
+and cuts connections that show no such message within the liveness window
+(it watches the backend's socket monitor).  ROUTER_HANDOVER is off then, so
+no connection can take over another's routing id; ZMTP heartbeats let libzmq
+close the connection of a worker whose host died, freeing its name for the
+restarted worker.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -27,8 +37,8 @@ from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
 from broker.metrics import broker_families
 from zbatch.runtime import daemon
-from zbatch.runtime.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer
-from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
+from zbatch.runtime.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer, WorkerKeyGuard
+from zbatch.runtime.sockets import Handler, PolledSockets, Receiver, Socket, open_socket, recv_frames
 
 log = logging.getLogger("zbatch.broker")
 FINAL_LINGER_MS = 1_000
@@ -47,7 +57,9 @@ class BrokerServer(daemon.Service):
         self.core = BrokerCore(config.core_settings(), time.monotonic)
         self._context = zmq.asyncio.Context()
         self._curve: CurveServer | None = None
+        self._guard: WorkerKeyGuard | None = None
         self._sockets: dict[Peer, Socket] = {}
+        self._monitor: Socket | None = None
         self._poller: PolledSockets | None = None
         self._pumped = asyncio.Event()
 
@@ -60,25 +72,53 @@ class BrokerServer(daemon.Service):
         # A client's answers queue at most max_client_requests deep; one that does not read them loses the rest.
         self._sockets[Peer.CLIENT] = self._router(config.frontend, CLIENTS_DOMAIN, send_hwm=config.max_client_requests,
                                                   receive_hwm=CLIENT_INBOX)
-        # a restarted worker with the same identity takes over its old connection
-        self._sockets[Peer.WORKER] = self._router(config.backend, WORKERS_DOMAIN, send_hwm=WORKER_QUEUE,
-                                                  receive_hwm=WORKER_QUEUE, handover=True)
-        self._poller = PolledSockets(
-            {self._sockets[Peer.CLIENT]: self._from_client, self._sockets[Peer.WORKER]: self._from_worker},
-            after_round=self._flush, after_wake=self._tick,
-        )
+        handlers: dict[Socket, Handler] = {}
+        receivers: dict[Socket, Receiver] = {}
+        if self._curve is None:
+            # a restarted worker with the same identity takes over its old connection
+            self._sockets[Peer.WORKER] = self._router(config.backend, WORKERS_DOMAIN, handover=True)
+        else:
+            self._guard = guard = WorkerKeyGuard(self._curve.refusals, self._liveness_ms / 1000)
+            self._sockets[Peer.WORKER], self._monitor = self._keyed_backend(guard)
+            handlers[self._monitor] = guard.on_monitor_event
+            receivers[self._sockets[Peer.WORKER]] = guard.receive
+        handlers |= {self._sockets[Peer.CLIENT]: self._from_client, self._sockets[Peer.WORKER]: self._from_worker}
+        self._poller = PolledSockets(handlers, after_round=self._flush, after_wake=self._tick, receivers=receivers)
         log.info("zbatch-broker: clients on %s, workers on %s; routing core %s", config.frontend, config.backend,
                  NATIVE_STATUS)
         return {"the socket pump": self._poller.stopped}
 
-    def _router(self, endpoint: str, domain: str, *, send_hwm: int, receive_hwm: int,
-                handover: bool = False) -> Socket:
+    def _router(self, endpoint: str, domain: str, *, send_hwm: int = WORKER_QUEUE,
+                receive_hwm: int = WORKER_QUEUE, handover: bool = False, **options: Any) -> Socket:
         # libzmq drops the connection of a peer sending a frame MAX_FRAME_FACTOR times the limit, before
         # buffering it; messages between max_message_bytes and that get a "message too large" answer.
         return open_socket(self._context, zmq.ROUTER, bind=endpoint, mandatory=True, handover=handover,
                            send_hwm=send_hwm, receive_hwm=receive_hwm,
                            max_message_bytes=MAX_FRAME_FACTOR * self.config.max_message_bytes,
-                           curve=None if self._curve is None else (self._curve, domain))
+                           curve=None if self._curve is None else (self._curve, domain), **options)
+
+    @property
+    def _liveness_ms(self) -> int:
+        return self.config.heartbeat_ms * self.config.heartbeat_liveness
+
+    def _keyed_backend(self, guard: WorkerKeyGuard) -> tuple[Socket, Socket]:
+        """The CURVE backend, without handover, and the socket monitor ``guard`` reads."""
+        endpoint = f"inproc://zbatch-backend-monitor-{id(self)}"
+        backend = self._router(self.config.backend, WORKERS_DOMAIN, heartbeat_ms=self.config.heartbeat_ms,
+                               heartbeat_timeout_ms=self._liveness_ms,
+                               monitor=(endpoint, WorkerKeyGuard.MONITOR_EVENTS))
+        monitor = open_socket(self._context, zmq.PAIR, connect=endpoint)
+
+        def drain_monitor() -> None:
+            """Every monitor event waiting now, to the guard (it asks before cutting a connection)."""
+            while True:
+                try:
+                    guard.on_monitor_event(recv_frames(monitor))
+                except zmq.Again:
+                    return
+
+        guard.watch(drain_monitor)
+        return backend, monitor
 
     def reload(self) -> None:
         """SIGHUP: read the CURVE allow-lists again, so keys rotate without a restart."""
@@ -109,6 +149,9 @@ class BrokerServer(daemon.Service):
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.close()
+        if self._monitor is not None:
+            self._sockets[Peer.WORKER].disable_monitor()
+            self._monitor.close(linger=0)
         for socket in self._sockets.values():  # the last answers (drain leftovers) must still reach their peers
             socket.close(linger=FINAL_LINGER_MS)
         if self._curve is not None:
@@ -128,7 +171,10 @@ class BrokerServer(daemon.Service):
         self.core.tick()
         self._flush()
         self._pumped.set()
-        return self.core.next_wakeup()
+        wake_at = self.core.next_wakeup()
+        if self._guard is not None and (cut_at := self._guard.expire()) is not None:
+            wake_at = min(wake_at, cut_at)
+        return wake_at
 
     def _flush(self) -> None:
         """Send the core's outbox, and what the core decides when a peer turns out to be gone."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gateway.guard import check_api_keys_file
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class GatewayConfig:
         "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows",
         check=check_secret_key_file
     )
+    insecure: bool = option(False, INSECURE_HELP)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")
     log_format: str = option(
@@ -57,6 +58,8 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        problem = problem or check_exposure({"frontend": self.frontend}, curve=bool(self.curve_server_key_file),
+                                            insecure=self.insecure)
         if problem:
             raise ValueError(problem)
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.requests import InputLimits
-from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
+from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -47,7 +47,8 @@ class WorkerConfig:
                                  "the gateway's body limit, for ZeroMQ callers", minimum=1024)
     torch_threads: int = option(0, "torch threads (0: this host's cores divided by --workers)", minimum=0)
     workers: int = option(1, "worker processes sharing this host's cores", minimum=1)
-    name: str = option("", "worker identity shown by the broker (default: host-pid)")
+    name: str = option("", "worker identity shown by the broker, and its routing id (default: host-pid; "
+                       "with CURVE, the name of its key, which it must be)")
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
     heartbeat_liveness: int = option(3, "missed intervals before the broker is considered gone", minimum=1)
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long held work may take to finish", minimum=0)
@@ -64,11 +65,24 @@ class WorkerConfig:
         "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows",
         check=check_secret_key_file
     )
+    insecure: bool = option(False, INSECURE_HELP)
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        problem = problem or check_exposure({"backend": self.backend}, curve=bool(self.curve_server_key_file),
+                                            insecure=self.insecure)
+        problem = problem or self._check_name_is_key_name()
         if problem:
             raise ValueError(problem)
+
+    def _check_name_is_key_name(self) -> str | None:
+        """With CURVE the broker knows a worker by its key's name: a different --name would be refused there."""
+        key = key_name(self.curve_secret_key_file) if self.curve_secret_key_file else ""
+        if key and self.name and self.name != key:
+            return (f"name {self.name!r} is not the name of this worker's CURVE key {key!r} "
+                    f"({self.curve_secret_key_file}): with CURVE a worker's name is its key's, so leave name "
+                    f"out or make a key pair named {self.name!r} with zbatch-keys")
+        return None
 
     @property
     def input_limits(self) -> InputLimits:
@@ -77,7 +91,12 @@ class WorkerConfig:
 
     @property
     def identity(self) -> str:
-        return self.name or f"{socket.gethostname()}-{os.getpid()}"
+        """The worker's name and routing id: ``name``, its CURVE key's name, or host-pid."""
+        if self.name:
+            return self.name
+        if self.curve_secret_key_file:
+            return key_name(self.curve_secret_key_file)
+        return f"{socket.gethostname()}-{os.getpid()}"
 
     @property
     def effective_capacity(self) -> int:

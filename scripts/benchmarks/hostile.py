@@ -85,14 +85,17 @@ def model_flood(broker: testing.Daemon, context: zmq.Context[zmq.Socket[bytes]])
 
 
 def huge_counters(broker: testing.Daemon, context: zmq.Context[zmq.Socket[bytes]]) -> dict[str, Any]:
-    """A worker with capacity 2^64-1 and heartbeat counters of 2^64-1; then STATS must still answer."""
-    worker = HostileWorker(context, broker.backend, b"huge").start()
-    worker.ready([VICTIM], 2**64 - 1)
+    """Two workers with capacity 2^64-1 and heartbeat counters of 2^64-1, whose sums pass a uint64;
+    then STATS must still answer."""
     big = 2**64 - 1
-    worker.heartbeat({VICTIM: BatchCounters(big, big, big, big)})
+    workers = [HostileWorker(context, broker.backend, b"huge-%d" % i).start() for i in range(2)]
+    for worker in workers:
+        worker.ready([VICTIM], big)
+        worker.heartbeat({VICTIM: BatchCounters(big, big, big, big)})
     time.sleep(SETTLE_S)
     stats = testing.broker_stats(broker.frontend, timeout_ms=5_000)
-    worker.close()
+    for worker in workers:
+        worker.close()
     return {"STATS answered": stats is not None}
 
 

@@ -109,10 +109,10 @@ def ready(name: str) -> list[bytes]:
 def test_known_worker_registers_and_known_client_is_served(
     broker: Daemon, keys: Keys, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
-    worker, event = handshake(context, broker.backend, keys.of("worker"), b"curve-worker")
+    worker, event = handshake(context, broker.backend, keys.of("worker"), b"worker")  # its key's name
     assert event == zmq.EVENT_HANDSHAKE_SUCCEEDED
-    worker.send_multipart(ready("curve-worker"))
-    wait_until(lambda: "curve-worker" in worker_names(broker, keys), 10, "the worker to register", broker.log)
+    worker.send_multipart(ready("worker"))
+    wait_until(lambda: "worker" in worker_names(broker, keys), 10, "the worker to register", broker.log)
 
     async def ask() -> Reply:
         async with AsyncClient(broker.frontend, curve=keys.of("client")) as client:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.config import load_config
 from gateway.config import load_config as load_gateway_config
 from worker.config import load_config as load_worker_config
+from zbatch.runtime.settings import check_exposure, is_loopback_endpoint, split_endpoints
+from zbatch.tools.status import load_config as load_status_config
 
 
 def test_flag_beats_environment_beats_default() -> None:
@@ -127,3 +131,60 @@ def test_every_daemon_reads_its_own_section(tmp_path: Path) -> None:
     assert load_config(["--config", path], {}).max_retries == 4
     assert load_worker_config(["--config", path], {}).max_batch_size == 7
     assert load_gateway_config(["--config", path], {}).port == 9123
+
+
+# ------------------------------------------------------------------ endpoints off loopback need CURVE or --insecure
+
+@pytest.mark.parametrize("endpoint", [
+    "tcp://127.0.0.1:5555", "tcp://127.0.0.2:5555", "tcp://127.255.255.254:1", "tcp://localhost:5555",
+    "tcp://LOCALHOST:5555", "tcp://[::1]:5555", "tcp://::1:5555", "tcp://[::ffff:127.0.0.1]:5555",
+    "ipc:///run/zbatch/broker", "inproc://broker", "tcp://127.0.0.1:0;127.0.0.1:5555", "ws://127.0.0.1:80/zbatch",
+])
+def test_loopback_endpoints(endpoint: str) -> None:
+    assert is_loopback_endpoint(endpoint)
+
+
+@pytest.mark.parametrize("endpoint", [
+    "tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://[::]:5555", "tcp://10.0.0.1:5555", "tcp://128.0.0.1:5555",
+    "tcp://broker-host:5555", "tcp://localhost.example.com:5555", "tcp://eth0:5555", "tcp://lo:5555",
+    "tcp://127.0.0.1:0;10.0.0.1:5555", "tcp://10.0.0.1:0;127.0.0.1:5555", "ws://10.0.0.1:80/zbatch",
+    "wss://127.0.0.1.example.com:443", "tcp://[::ffff:10.0.0.1]:5555",
+])
+def test_network_endpoints(endpoint: str) -> None:
+    assert not is_loopback_endpoint(endpoint)
+
+
+def test_every_endpoint_of_a_list_is_checked() -> None:
+    assert split_endpoints(" tcp://127.0.0.1:1, ,tcp://10.0.0.1:2") == ["tcp://127.0.0.1:1", "tcp://10.0.0.1:2"]
+    assert check_exposure({"backend": "tcp://127.0.0.1:1,ipc:///x"}, curve=False, insecure=False) is None
+    problem = check_exposure({"backend": "tcp://127.0.0.1:1,tcp://10.0.0.1:2"}, curve=False, insecure=False)
+    assert problem and "backend tcp://10.0.0.1:2 is not a loopback address" in problem
+    assert check_exposure({"backend": ("tcp://127.0.0.1:1", "tcp://10.0.0.1:2")}, curve=False, insecure=False)
+    assert check_exposure({"backend": "tcp://10.0.0.1:2"}, curve=True, insecure=False) is None
+    assert check_exposure({"backend": "tcp://10.0.0.1:2"}, curve=False, insecure=True) is None
+
+
+LOADERS: dict[str, Callable[[list[str], dict[str, str]], Any]] = {
+    "broker": load_config, "worker": load_worker_config, "gateway": load_gateway_config, "status": load_status_config,
+}
+
+
+@pytest.mark.parametrize(("daemon", "setting"), [("broker", "frontend"), ("broker", "backend"),
+                                                 ("worker", "backend"), ("gateway", "frontend"),
+                                                 ("status", "frontend")])
+def test_a_network_endpoint_without_curve_needs_insecure(
+    daemon: str, setting: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load = LOADERS[daemon]
+    flag = f"--{setting}"
+    with pytest.raises(SystemExit) as exit_info:
+        load([flag, "tcp://0.0.0.0:5555"], {})
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    for words in (f"{setting} tcp://0.0.0.0:5555 is not a loopback address and CURVE is off", "configure CURVE",
+                  "--insecure (ZBATCH_INSECURE=true)"):
+        assert words in error, error
+    assert getattr(load([flag, "tcp://0.0.0.0:5555", "--insecure"], {}), setting) == "tcp://0.0.0.0:5555"
+    assert load([flag, "tcp://0.0.0.0:5555"], {"ZBATCH_INSECURE": "1"}).insecure
+    assert not load([flag, "tcp://127.0.0.1:5555"], {}).insecure

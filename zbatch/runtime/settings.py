@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import tomllib
 import typing
@@ -208,6 +209,66 @@ def check_endpoint(value: str) -> str | None:
     transport, sep, address = value.partition("://")
     if not sep or not address or transport not in ("tcp", "ipc", "inproc", "ws", "wss"):
         return "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or ipc:///run/zbatch/broker"
+    return None
+
+
+# --------------------------------------------------------------------------- who may reach an endpoint
+
+INSECURE_HELP = ("allow ZeroMQ endpoints on a network address without CURVE: anyone who reaches them is "
+                 "trusted (default: such endpoints need CURVE)")
+LOCAL_TRANSPORTS = ("ipc", "inproc")
+LOCAL_HOSTS = ("localhost",)
+
+
+def split_endpoints(value: str | Sequence[str]) -> list[str]:
+    """The endpoints of a setting: one endpoint, a comma-separated list of them, or a sequence."""
+    parts = value.split(",") if isinstance(value, str) else value
+    return [part.strip() for part in parts if part.strip()]
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """Whether only this host can use ``endpoint``: ``ipc://``, ``inproc://``, or TCP (or WebSocket) on
+    127.0.0.0/8, ::1 or ``localhost``.
+
+    ``*``, ``0.0.0.0``, an interface name and any other host name count as the network: nothing is
+    resolved, so the answer depends only on the text.  In ``tcp://SOURCE;DESTINATION`` both must be loopback.
+    """
+    transport, _, address = endpoint.strip().partition("://")
+    if transport in LOCAL_TRANSPORTS:
+        return True
+    if transport.startswith("ws"):
+        address = address.split("/", 1)[0]  # ws://host:port/path
+    return bool(address) and all(_is_loopback_host(part) for part in address.split(";"))
+
+
+def _is_loopback_host(host_port: str) -> bool:
+    host = (host_port.rsplit(":", 1)[0] if ":" in host_port else host_port).strip("[]")  # no port: no colon
+    if host.lower() in LOCAL_HOSTS:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def check_exposure(endpoints: Mapping[str, str | Sequence[str]], *, curve: bool, insecure: bool) -> str | None:
+    """The rule every daemon applies at start: without CURVE, its ZeroMQ endpoints stay on this host.
+
+    ``endpoints`` maps each setting's name to its value (one endpoint or a list).  With CURVE configured,
+    or ``insecure`` given, anything goes; otherwise a network endpoint is an error that says why and
+    what to do instead.
+    """
+    if curve or insecure:
+        return None
+    for name, value in endpoints.items():
+        for endpoint in split_endpoints(value):
+            if not is_loopback_endpoint(endpoint):
+                return (f"{name} {endpoint} is not a loopback address and CURVE is off: nothing sent there would "
+                        f"be encrypted and anyone who reaches it would be trusted; configure CURVE (README, "
+                        f"Security) or, on a network you trust, give --insecure (ZBATCH_INSECURE=true)")
     return None
 
 

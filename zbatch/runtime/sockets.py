@@ -51,6 +51,7 @@ from zbatch.runtime.curve import CurveKeys, CurveServer
 
 Socket = zmq.Socket[bytes]
 Handler = Callable[[list[bytes]], None]
+Receiver = Callable[[CythonSocket], "list[bytes] | None"]  # a message, or None when it was refused
 
 MAX_ROUNDS_PER_WAKE = 256
 
@@ -75,6 +76,9 @@ def open_socket(
     handover: bool = False,
     max_message_bytes: int | None = None,
     curve: CurveKeys | tuple[CurveServer, str] | None = None,
+    heartbeat_ms: int | None = None,
+    heartbeat_timeout_ms: int | None = None,
+    monitor: tuple[str, int] | None = None,
 ) -> Socket:
     """A synchronous socket of ``kind`` with these options, bound to ``bind`` or connected to ``connect``.
 
@@ -84,7 +88,10 @@ def open_socket(
     reconnects with the same routing id takes over its old connection).  ``max_message_bytes``
     is MAXMSGSIZE: libzmq drops the connection of a peer that sends a larger frame.
     ``curve``: a peer's keys, or the broker's :class:`CurveServer` and the ZAP domain whose
-    keys may connect.  A failed bind or connect raises OSError naming the endpoint.
+    keys may connect.  ``heartbeat_ms`` and ``heartbeat_timeout_ms`` are ZMTP's own PING and the
+    silence after which libzmq closes a connection (a peer whose host died).  ``monitor``: the
+    inproc endpoint and events of a socket monitor, started before the bind so it sees every connection.
+    A failed bind or connect raises OSError naming the endpoint.
     """
     if bool(bind) == bool(connect):
         raise ValueError("give exactly one of bind and connect")
@@ -92,6 +99,11 @@ def open_socket(
     try:
         _configure(socket, linger_ms, send_hwm, receive_hwm, routing_id, immediate, mandatory, handover,
                    max_message_bytes, curve)
+        for option, value in ((zmq.HEARTBEAT_IVL, heartbeat_ms), (zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms)):
+            if value is not None:
+                socket.setsockopt(option, value)
+        if monitor is not None:
+            socket.monitor(*monitor)
         if bind:
             socket.bind(bind)
         else:
@@ -155,13 +167,20 @@ class PolledSockets:
 
     ``stopped`` is done once reading has stopped: with None after :meth:`close`,
     with the exception if a handler or hook raised (reading stops then too).
+
+    ``receivers`` replaces :func:`recv_frames` for some sockets: a receiver reads one message
+    and returns it, or None for one it refused (the broker's CURVE backend checks each
+    message's key, :class:`~zbatch.runtime.curve.WorkerKeyGuard`).
     """
 
     def __init__(self, handlers: Mapping[Socket, Handler], *, after_round: Callable[[], None] | None = None,
-                 after_wake: Callable[[], float | None] | None = None) -> None:
+                 after_wake: Callable[[], float | None] | None = None,
+                 receivers: Mapping[Socket, Receiver] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self._handlers: dict[CythonSocket, Handler] = dict(handlers.items())
+        self._receivers: dict[CythonSocket, Receiver] = {
+            socket: (receivers or {}).get(socket, recv_frames) for socket in handlers}
         self._inputs = [(socket, zmq.POLLIN) for socket in self._handlers]
         self._descriptors = [socket.FD for socket in self._handlers]
         self._after_round = after_round
@@ -220,7 +239,7 @@ class PolledSockets:
 
     def _rounds(self) -> bool:
         """Up to MAX_ROUNDS_PER_WAKE rounds of one message per ready socket; False if input is still waiting."""
-        inputs, handlers, after_round = self._inputs, self._handlers, self._after_round
+        inputs, handlers, receivers, after_round = self._inputs, self._handlers, self._receivers, self._after_round
         for _ in range(MAX_ROUNDS_PER_WAKE):
             self._sent = False
             ready = zmq.zmq_poll(inputs, 0)
@@ -228,10 +247,11 @@ class PolledSockets:
                 return True
             for socket, _ in ready:
                 try:
-                    frames = recv_frames(socket)
+                    frames = receivers[socket](socket)
                 except zmq.Again:  # announced but gone (a peer dropped for an oversized frame)
                     continue
-                handlers[socket](frames)
+                if frames is not None:
+                    handlers[socket](frames)
             if after_round is not None:
                 after_round()
         return False

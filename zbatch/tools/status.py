@@ -18,7 +18,7 @@ from typing import Any
 
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 STATS_TIMEOUT_MS = 2_000
@@ -39,9 +39,12 @@ class StatusConfig:
         "", "this client's CURVE key pair (NAME.key_secret), whose public key the broker allows",
         check=check_secret_key_file
     )
+    insecure: bool = option(False, INSECURE_HELP)
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
+        problem = problem or check_exposure({"frontend": self.frontend}, curve=bool(self.curve_server_key_file),
+                                            insecure=self.insecure)
         if problem:
             raise ValueError(problem)
 
