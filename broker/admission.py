@@ -55,15 +55,16 @@ def unknown_model(name: str, known: list[str]) -> Refusal:
 
 
 def backlog_full(request: Request, model: ModelState | None, limits: ModelLimits, reserve: float) -> Refusal | None:
-    """The model's waiting items or bytes would pass the limit of the request's priority."""
+    """The model's waiting items, or the payload bytes held for it (waiting or on workers), would pass the
+    limits of the request's priority."""
     if model is None:
         return None
     items = share(limits.max_backlog, request.priority, reserve)
     size = share(limits.max_backlog_bytes, request.priority, reserve)
-    if model.backlog_items + request.items > items or model.backlog_bytes + len(request.payload) > size:
-        return Refusal(Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting "
-                                          f"({model.backlog_bytes} bytes); the limit at priority {request.priority} "
-                                          f"is {items} items and {size} bytes; retry later")
+    if model.backlog_items + request.items > items or model.held_bytes + len(request.payload) > size:
+        return Refusal(Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting and "
+                                          f"holds {model.held_bytes} payload bytes; the limit at priority "
+                                          f"{request.priority} is {items} items and {size} bytes; retry later")
     return None
 
 

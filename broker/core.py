@@ -285,6 +285,7 @@ class BrokerCore:
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
         self.unanswered[client] += 1
+        model.held_bytes += len(job.payload)
         model.enqueue(job)
         if log.isEnabledFor(logging.DEBUG):  # the arguments cost more than routing the request
             log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
@@ -523,14 +524,21 @@ class BrokerCore:
         if job.worker is None:
             self._forget(job)
         else:
-            job.payload = b""  # never dispatched again: answered jobs are not retried
+            self._drop_payload(job)  # never dispatched again: answered jobs are not retried
 
     # ------------------------------------------------------------ utilities
 
     def _forget(self, job: Job) -> None:
         """Done with a job: its timers may outlive it, so let its payload go now."""
         self.jobs.pop(job.job_id, None)
-        job.payload = b""
+        self._drop_payload(job)
+
+    def _drop_payload(self, job: Job) -> None:
+        if job.payload:
+            model = self.models.get(job.model)
+            if model is not None:
+                model.held_bytes -= len(job.payload)
+            job.payload = b""
 
     def _send_client(self, client: bytes, reply: Reply) -> None:
         if reply.status is not Status.OK:

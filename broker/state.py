@@ -109,6 +109,7 @@ class ModelState:
     backlogs: tuple[deque[Job], ...] = field(default_factory=lambda: tuple(deque() for _ in PRIORITIES))
     backlog_items: int = 0
     backlog_bytes: int = 0
+    held_bytes: int = 0  # payloads the broker holds for this model: waiting, and on workers until answered
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
     workerless_since: float | None = None
     answered: Counter[Status] = field(default_factory=Counter)

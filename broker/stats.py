@@ -14,6 +14,7 @@ def model_stats(model: ModelState) -> dict[str, Any]:
     return {
         "backlog_items": model.backlog_items,
         "backlog_bytes": model.backlog_bytes,
+        "held_bytes": model.held_bytes,
         "workers": len(model.workers),
         "free_credit": sum(max(0, w.free_credit) for w in model.workers.values()),
         "requests": {status.value: count for status, count in model.answered.items()},

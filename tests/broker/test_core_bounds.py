@@ -64,9 +64,26 @@ def test_backlogs_are_bounded_in_bytes_too(clock: FakeClock) -> None:
     send_payload(core, b"huge", b"x" * 20_000)  # never fits
     full, huge = client_replies(take(core))
     assert (full.request_id, full.status, full.retry_after_ms) == (b"b", Status.OVERLOADED, 1000)
-    assert "6000 bytes" in full.message
+    assert "holds 6000 payload bytes" in full.message
     assert (huge.request_id, huge.status) == (b"huge", Status.BAD_REQUEST) and "payload bytes" in huge.message
     assert core.stats()["models"][MODEL]["backlog_bytes"] == 6_000
+
+
+def test_payloads_on_a_worker_count_until_answered(clock: FakeClock) -> None:
+    """A worker that takes big payloads and never answers cannot make the broker hold more than the limit."""
+    core = make_core(clock, max_backlog_bytes=10_000, heartbeat_ms=1_000_000)
+    ready(core, b"liar", capacity=100)
+    send_payload(core, b"a", b"x" * 6_000)
+    send_payload(core, b"b", b"x" * 6_000)
+    out = take(core)
+    assert len(dispatched(out)) == 1
+    [refused] = client_replies(out)
+    assert (refused.request_id, refused.status) == (b"b", Status.OVERLOADED)
+    clock.advance(1.5)  # a's deadline: answered, its payload let go although the liar still holds the job
+    core.tick()
+    send_payload(core, b"c", b"x" * 6_000)
+    assert len(dispatched(take(core))) == 1
+    assert core.stats()["models"][MODEL]["held_bytes"] == 6_000
 
 
 def test_one_connection_holds_a_bounded_number_of_unanswered_requests(clock: FakeClock) -> None:
