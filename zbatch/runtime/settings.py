@@ -205,9 +205,31 @@ def _check_native(raw: Any, kind: Any) -> Any:
 
 def check_endpoint(value: str) -> str | None:
     """ZeroMQ endpoints look like transport://address."""
+    if "," in value:
+        return "must be one ZeroMQ endpoint, not a list: a broker binds one frontend and one backend"
     transport, sep, address = value.partition("://")
     if not sep or not address or transport not in ("tcp", "ipc", "inproc", "ws", "wss"):
         return "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or ipc:///run/zbatch/broker"
+    return None
+
+
+def split_endpoints(value: str | Sequence[str]) -> list[str]:
+    """The endpoints of a setting: one endpoint, a comma-separated list of them, or a sequence."""
+    parts = value.split(",") if isinstance(value, str) else value
+    return [part.strip() for part in parts if part.strip()]
+
+
+def check_endpoints(value: str) -> str | None:
+    """A comma-separated list of brokers' endpoints (one is a list too), each checked as :func:`check_endpoint`."""
+    endpoints = split_endpoints(value)
+    if not endpoints:
+        return "must name at least one ZeroMQ endpoint, such as tcp://127.0.0.1:5555"
+    for endpoint in endpoints:
+        problem = check_endpoint(endpoint)
+        if problem:
+            return f"{endpoint!r} {problem}; separate several brokers with commas"
+    if len(set(endpoints)) != len(endpoints):
+        return "names a broker twice; list each broker once"
     return None
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
-from zbatch.runtime.settings import check_endpoint, load, option
+from zbatch.runtime.settings import check_endpoints, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 STATS_TIMEOUT_MS = 2_000
@@ -28,7 +28,8 @@ STATS_TIMEOUT_MS = 2_000
 class StatusConfig:
     """zbatch-status: live view of a zbatch broker's models, backlogs and workers."""
 
-    frontend: str = option("tcp://127.0.0.1:5555", "the broker's frontend endpoint", check=check_endpoint)
+    frontend: str = option("tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated",
+                           check=check_endpoints)
     refresh_ms: int = option(1_000, "time between refreshes", minimum=100)
     once: bool = option(False, "print one frame and exit")
     json: bool = option(False, "print the raw statistics as JSON once and exit (for scripts)")
