@@ -28,17 +28,20 @@ WORKER_ADDED = ("capacity", "free_credit", "in_flight", "in_flight_items", "decl
 
 
 def merge_stats(by_broker: Mapping[str, Mapping[str, Any] | Exception]) -> dict[str, Any]:
-    """The fleet's statistics from each broker's (or the error it gave); raises the first error if none answered."""
+    """The fleet's statistics from each broker's (or the error it gave); raises the first error if none answered.
+
+    A figure a broker left out counts as zero (an older broker, or a stand-in in a test).
+    """
     answered = {endpoint: stats for endpoint, stats in by_broker.items() if not isinstance(stats, Exception)}
     if not answered:
         raise next(error for error in by_broker.values() if isinstance(error, Exception))
     first = next(iter(answered.values()))
     workers = merge_workers(answered)
     return {
-        "uptime_s": max(stats["uptime_s"] for stats in answered.values()),
-        "draining": all(stats["draining"] for stats in answered.values()),
-        "limits": first["limits"],
-        "worker_removals": dict(sum((Counter(stats["worker_removals"]) for stats in answered.values()), Counter())),
+        "uptime_s": max(stats.get("uptime_s", 0.0) for stats in answered.values()),
+        "draining": all(stats.get("draining", False) for stats in answered.values()),
+        "limits": first.get("limits", {}),
+        "worker_removals": dict(sum((Counter(s.get("worker_removals", {})) for s in answered.values()), Counter())),
         "models": merge_models(answered, workers),
         "workers": workers,
         "brokers": {endpoint: {"error": str(stats)} if isinstance(stats, Exception) else dict(stats)
@@ -49,16 +52,16 @@ def merge_stats(by_broker: Mapping[str, Mapping[str, Any] | Exception]) -> dict[
 def merge_models(answered: Mapping[str, Mapping[str, Any]], workers: list[dict[str, Any]]) -> dict[str, Any]:
     models: dict[str, dict[str, Any]] = {}
     for stats in answered.values():
-        for name, figures in stats["models"].items():
+        for name, figures in stats.get("models", {}).items():
             merged = models.setdefault(name, dict(figures) | dict.fromkeys(ADDED + FROM_WORKERS, 0)
                                        | {"requests": {}})
             for key in ADDED:
-                merged[key] += figures[key]
+                merged[key] += figures.get(key, 0)
             for key in FROM_WORKERS:
-                merged[key] = max(merged[key], figures[key])
-            merged["requests"] = dict(Counter(merged["requests"]) + Counter(figures["requests"]))
+                merged[key] = max(merged[key], figures.get(key, 0))
+            merged["requests"] = dict(Counter(merged["requests"]) + Counter(figures.get("requests", {})))
     for name, merged in models.items():
-        merged["workers"] = sum(1 for worker in workers if name in worker["models"])
+        merged["workers"] = sum(1 for worker in workers if name in worker.get("models", ()))
         merged["mean_batch_size"] = round(merged["batched_items"] / merged["batches"], 3) if merged["batches"] else 0.0
     return models
 
@@ -67,7 +70,7 @@ def merge_workers(answered: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     """One entry per worker (routing id), in the order first seen, with the brokers it is registered with."""
     merged: dict[str, dict[str, Any]] = {}
     for endpoint, stats in answered.items():
-        for worker in stats["workers"]:
+        for worker in stats.get("workers", []):
             entry = merged.get(worker["identity"])
             if entry is None:
                 merged[worker["identity"]] = dict(worker) | {"brokers": [endpoint]}
@@ -75,8 +78,8 @@ def merge_workers(answered: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
             entry["brokers"].append(endpoint)
             for key in WORKER_ADDED:
                 entry[key] = entry.get(key, 0) + worker.get(key, 0)
-            entry["last_seen_s"] = min(entry["last_seen_s"], worker["last_seen_s"])
-            entry["draining"] = entry["draining"] or worker["draining"]
+            entry["last_seen_s"] = min(entry.get("last_seen_s", 0.0), worker.get("last_seen_s", 0.0))
+            entry["draining"] = entry.get("draining", False) or worker.get("draining", False)
             if _batched(worker) > _batched(entry):
                 entry["batches"] = worker["batches"]  # the later report of the same cumulative counts
     return list(merged.values())
