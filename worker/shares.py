@@ -91,8 +91,12 @@ class Shares:
         return changed
 
     def announce(self, index: int) -> int:
-        """The share to tell link ``index``'s broker now (recorded as told)."""
-        share = self.links[index].announced = self.share(index)
+        """The share to tell link ``index``'s broker now (recorded as told).
+
+        A broker that hears from the worker knows it, or is about to (the READY went first):
+        it gets the share it has once registered, never a passing 0.
+        """
+        share = self.links[index].announced = self.share(index, registering=True)
         return share
 
     def set_registered(self, index: int, registered: bool) -> None:
