@@ -33,6 +33,7 @@ class FakeBroker:
         self.running = asyncio.Event()
         self.running.set()
         self.answering = True
+        self.status = Status.OK
         self.requests: list[bytes] = []
         self.cancels: list[bytes] = []
         self.task = asyncio.create_task(self._serve())
@@ -49,7 +50,8 @@ class FakeBroker:
             elif command is Command.REQUEST:
                 self.requests.append(frames[1])
                 if self.answering:
-                    reply = Reply(frames[1], Status.OK, "", payloads.encode_payload({"outputs": [self.name]}))
+                    payload = payloads.encode_payload({"outputs": [self.name]}) if self.status is Status.OK else b""
+                    reply = Reply(frames[1], self.status, "no worker here", payload)
                     await self.router.send_multipart([peer, *wire.encode_reply(reply)])
 
     def hang(self) -> None:
@@ -179,3 +181,12 @@ def test_stats_of_every_broker_and_their_merged_view() -> None:
 def test_a_client_needs_a_broker(endpoints: str) -> None:
     with pytest.raises(ValueError, match="at least one broker"):
         AsyncClient(endpoints)
+
+
+def test_a_broker_without_workers_sends_the_request_to_the_other() -> None:
+    async def scenario() -> list[str]:
+        async with fleet() as (client, a, _):
+            a.status = Status.NO_WORKER
+            return [(await client.infer("m", ["x"]))[0] for _ in range(4)]
+
+    assert asyncio.run(scenario()) == ["b"] * 4

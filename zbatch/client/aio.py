@@ -419,6 +419,8 @@ class AsyncClient:
         if pending is None or pending.future.done():
             return  # a late duplicate: the request has its answer
         if index == pending.broker:
+            if reply.status is Status.NO_WORKER and self._elsewhere(reply.request_id, pending):
+                return  # a broker without workers (one just back, say): another one may have some
             pending.future.set_result(reply)
         elif index in pending.moved_from and reply.status is Status.OK:
             pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
@@ -445,16 +447,18 @@ class AsyncClient:
                     f"the broker at {self.endpoints[index]} {why}; the request may not have run"
                     + ("" if pending.request is None or not self.replay else ", and no other broker is live")))
 
-    def _replay(self, request_id: bytes, pending: _Pending) -> bool:
-        """Send a request again to the best live broker, with the time left; False if none takes it."""
+    def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
+        """Send a request again to the best live broker (not one of ``avoid``), with the time left;
+        False if none takes it."""
         assert pending.request is not None
         old = pending.broker
+        avoid = avoid or {old}
         remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
         request = pending.request
         frames = wire.encode_request(Request(request_id, request.model, request.items, request.payload,
                                              remaining_ms, request.priority, request.trace))
         for index in self.brokers.order():
-            if index != old and self._try_send(index, frames):
+            if index not in avoid and self._try_send(index, frames):
                 if self._breaker is not None:  # the old broker's probe ends; the new one is asked plainly
                     self._breaker.settle(pending.key, pending.ticket, False)
                 pending.key, pending.ticket = (index, request.model, request.priority), Ticket.NORMAL
@@ -463,6 +467,15 @@ class AsyncClient:
                 self.brokers.moved(request_id, old, index, request.items)
                 return True
         return False
+
+    def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
+        """Send a request a broker had no worker for to a live broker it has not been to; False if none."""
+        if not self.brokers.watch or pending.request is None:
+            return False
+        tried = {pending.broker, *pending.moved_from}
+        if all(index in tried for index in self.brokers.order()):
+            return False
+        return self._replay(request_id, pending, avoid=tried)
 
     def _rejoined(self, index: int) -> None:
         """A dead broker answers again: cancel there what was moved away from it while it was gone."""

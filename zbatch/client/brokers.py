@@ -120,12 +120,12 @@ class BrokerSet:
         return min([self._next_beat, *expiries])
 
     def moved(self, request_id: bytes, source: int, target: int, items: int) -> None:
-        """A request outstanding at ``source`` (dead) now waits at ``target``."""
+        """A request outstanding at ``source`` (dead, or without workers) now waits at ``target``."""
         self.brokers[source].outstanding -= items
         self.brokers[target].outstanding += items
         away = self.brokers[source].moved_away
-        if len(away) < MAX_MOVED_AWAY:
-            away.add(request_id)
+        if not self.brokers[source].live and len(away) < MAX_MOVED_AWAY:
+            away.add(request_id)  # to cancel there if it comes back (a live source has answered already)
 
     def take_moved_away(self, index: int) -> list[bytes]:
         """The ids to cancel at a broker that came back; forgotten once taken."""
