@@ -47,6 +47,11 @@ class FakeBroker:
                 await self.router.send_multipart([peer, *frames])
             elif command is Command.CANCEL:
                 self.cancels.append(frames[1])
+            elif command is Command.STATS:
+                stats = {"uptime_s": 1.0, "draining": False, "models": {"m": {"requests": {"ok": len(self.requests)}}},
+                         "workers": []}
+                reply = Reply(frames[1], Status.OK, "", payloads.encode_payload(stats))
+                await self.router.send_multipart([peer, *wire.encode_reply(reply)])
             elif command is Command.REQUEST:
                 self.requests.append(frames[1])
                 if self.answering:
@@ -73,6 +78,7 @@ async def fleet(**options: Any) -> AsyncIterator[tuple[AsyncClient, FakeBroker, 
     a, b = FakeBroker(context, "a"), FakeBroker(context, "b")
     client = AsyncClient([a.endpoint, b.endpoint], context=context, timeout_ms=20_000, **(FAST | options))
     try:
+        await client.stats()  # both connected: requests go in turn from the first one on
         yield client, a, b
     finally:
         await client.close()
@@ -169,12 +175,17 @@ def test_an_ok_from_the_old_broker_wins_and_the_new_one_is_told_to_cancel() -> N
 
 def test_stats_of_every_broker_and_their_merged_view() -> None:
     async def scenario() -> Any:
-        async with fleet() as (client, a, _):
+        async with fleet() as (client, a, b):
+            await client.infer("m", ["x"])
+            merged = await client.stats()
+            assert not client._pending  # every exchange let go of its entry
             await a.vanish()
-            return await client.stats_by_broker(timeout_ms=300)
+            return merged, await client.stats_by_broker(timeout_ms=300), b.endpoint
 
-    by_broker = asyncio.run(scenario())
-    assert len(by_broker) == 2 and all(isinstance(v, BrokerUnavailable) for v in by_broker.values())
+    merged, by_broker, live = asyncio.run(scenario())
+    assert merged["models"]["m"]["requests"] == {"ok": 1} and len(merged["brokers"]) == 2
+    assert isinstance(by_broker.pop(live), dict)
+    assert all(isinstance(v, BrokerUnavailable) for v in by_broker.values())
 
 
 @pytest.mark.parametrize("endpoints", ["", " , "])

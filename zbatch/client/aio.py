@@ -59,6 +59,7 @@ StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
 class _Pending:
     """A request waiting for its answer: where it is now, and what it takes to send it elsewhere."""
 
+    request_id: bytes
     future: asyncio.Future[Reply]
     broker: int
     request: Request | None = None  # None: a STATS, which belongs to its broker
@@ -191,7 +192,7 @@ class AsyncClient:
         """
         request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace)
         own_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        pending = _Pending(asyncio.get_running_loop().create_future(), -1, request,
+        pending = _Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
                            time.monotonic() + own_ms / 1000)
         refusal = await self._place(pending)
         if refusal is not None:
@@ -293,7 +294,7 @@ class AsyncClient:
 
     async def _wait(self, pending: _Pending, wait_ms: int) -> Reply:
         """The answer, or BrokerUnavailable after ``wait_ms``; a caller who gives up cancels the request."""
-        request_id = pending.request.request_id if pending.request is not None else b""
+        request_id = pending.request_id
         future = pending.future
         # A timer on the future itself: asyncio.wait_for wraps it in more futures and callbacks,
         # which cost more than the rest of the exchange.
@@ -336,7 +337,7 @@ class AsyncClient:
         if not self.brokers[index].live and self.brokers.watch:
             raise BrokerUnavailable(f"the broker at {self.endpoints[index]} is not answering heartbeats")
         request_id = self._new_id()
-        pending = _Pending(asyncio.get_running_loop().create_future(), index)
+        pending = _Pending(request_id, asyncio.get_running_loop().create_future(), index)
         frames = wire.encode_stats_query(request_id)
         give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
         while not self._try_send(index, frames):
