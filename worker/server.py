@@ -167,7 +167,7 @@ class WorkerServer(daemon.Service):
         self.shares.set_registered(link, False)
         orphans = self.shares.orphan(link)
         if orphans:
-            log.warning("broker %s lost: skipping %d request(s) it sent that have not started",
+            log.warning("broker %s lost: dropping its %d request(s), skipping those not started",
                         self.endpoints[link], len(orphans))
             for local in orphans:
                 self._send_replies([r for r in (s.assembler.cancel(local) for s in self.slots.values()) if r])
