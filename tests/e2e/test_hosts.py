@@ -102,6 +102,10 @@ class Fleet:
         stats = self.stats(index) or {"models": {}}
         return int(stats["models"].get(MODEL, {}).get("requests", {}).get("ok", 0))
 
+    def removals(self, index: int) -> int:
+        stats = self.stats(index) or {"worker_removals": {}}
+        return sum(stats["worker_removals"].values())
+
     def readiness(self) -> dict[str, str]:
         """What the gateway's /readyz says of each broker."""
         status, _, body = self.client.call(http_json, self.url + "/readyz")
@@ -141,6 +145,7 @@ def test_a_stopped_broker_is_given_up_within_liveness_and_rejoins_when_resumed(f
     fleet.whole()
     with fleet.load() as load:
         fleet.daemons.wait(more_successes(load, 30), "load to flow", 60)
+        expired = fleet.removals(1)
         stopped_at = time.monotonic()
         fleet.broker(1).signal(signal.SIGSTOP)
         try:
@@ -150,7 +155,9 @@ def test_a_stopped_broker_is_given_up_within_liveness_and_rejoins_when_resumed(f
         finally:
             fleet.broker(1).signal(signal.SIGCONT)
         resumed_at = time.monotonic()
-        fleet.daemons.wait(lambda: fleet.verdict(1) == "ready", "broker1 to rejoin", 60)
+        # Resumed, broker1 expires the workers it last heard of long ago; they register again.
+        fleet.daemons.wait(lambda: fleet.removals(1) >= expired + 2 and fleet.workers_everywhere()
+                           and fleet.verdict(1) == "ready", "broker1 to rejoin with both workers", 60)
         rejoined_s = since(resumed_at)
         served = fleet.answered_ok(1)
         fleet.daemons.wait(lambda: fleet.answered_ok(1) >= served + 20, "broker1 to serve again", 60)
