@@ -187,6 +187,9 @@ class BrokerCore:
             # Counters only for the models it serves: other names would pile up.
             worker.batches.update((name, counters) for name, counters in message.batches.items()
                                   if name in worker.ready_models)
+            if message.capacity is not None and message.capacity != worker.capacity:
+                worker.capacity = message.capacity  # its share of a worker of several brokers
+                self._dispatch_to(worker)
         elif isinstance(message, Drain):
             # Ordered delivery makes the acknowledgement a promise: no REQUEST follows it.
             worker.draining = True
@@ -437,20 +440,43 @@ class BrokerCore:
         job = worker.release(reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
-        if not job.answered:
-            if reply.status is Status.CANCELLED:  # nobody asked: the worker is wrong, the client gets an answer
-                self.logs.log("unasked-cancel", logging.WARNING, "worker %s answered job %s 'cancelled' although "
-                              "it was not cancelled", worker.ready.name, job.job_id.hex(), request_id=job.trace)
-                self._answer(job, Status.WORKER_ERROR, "the worker skipped this request without being asked to")
-            else:
-                self._settle(job)
-                self.models[job.model].answered[reply.status] += 1
-                if reply.status is not Status.OK:
-                    self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
-                                  worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
-                                  request_id=job.trace)
-                self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
+        if reply.status is Status.DECLINED:
+            self._declined(worker, job)
+        elif job.answered:
+            self._forget(job)
+        else:
+            self._forward(worker, job, reply, frames)
+        self._dispatch_to(worker)
+
+    def _forward(self, worker: WorkerState, job: Job, reply: Reply, frames: list[bytes]) -> None:
+        if reply.status is Status.CANCELLED:  # nobody asked: the worker is wrong, the client gets an answer
+            self.logs.log("unasked-cancel", logging.WARNING, "worker %s answered job %s 'cancelled' although "
+                          "it was not cancelled", worker.ready.name, job.job_id.hex(), request_id=job.trace)
+            self._answer(job, Status.WORKER_ERROR, "the worker skipped this request without being asked to")
+        else:
+            self._settle(job)
+            self.models[job.model].answered[reply.status] += 1
+            if reply.status is not Status.OK:
+                self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
+                              worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
+                              request_id=job.trace)
+            self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
         self._forget(job)
+
+    def _declined(self, worker: WorkerState, job: Job) -> None:
+        """The worker is full with other brokers' work: the job goes back to the head of its backlog,
+        its retry budget untouched, and this worker gets no more than it holds until it announces its share."""
+        worker.declined += 1
+        worker.capacity = min(worker.capacity, worker.in_flight_items)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("worker %s declined job %s: full", worker.ready.name, job.job_id.hex(),
+                      extra={"request_id": job.trace})
+        if job.answered:
+            self._forget(job)
+        else:
+            self.models[job.model].enqueue(job, front=True)
+
+    def _dispatch_to(self, worker: WorkerState) -> None:
         for name in worker.models:
             self._dispatch(self.models[name])
 

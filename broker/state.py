@@ -46,15 +46,24 @@ class Job:
 
 @dataclass(slots=True, eq=False)
 class WorkerState:
+    """A registered worker.  ``capacity`` is what this broker may have in flight on it: READY's, until a
+    worker of several brokers announces its share in a heartbeat (PROTOCOL.md 6.6)."""
+
     identity: bytes
     ready: Ready
     last_seen: float
+    capacity: int = -1  # -1: READY's
     last_dispatch: float = float("-inf")
     in_flight: dict[bytes, Job] = field(default_factory=dict)
     in_flight_items: int = 0
     isolated_in_flight: int = 0  # retried jobs in flight, each of which gets the worker to itself
     batches: dict[str, BatchCounters] = field(default_factory=dict)
     draining: bool = False
+    declined: int = 0  # requests the worker declined (full with other brokers' work)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 0:
+            self.capacity = self.ready.capacity
 
     @property
     def models(self) -> list[str]:
@@ -66,14 +75,15 @@ class WorkerState:
 
     @property
     def free_credit(self) -> int:
-        return self.ready.capacity - self.in_flight_items
+        return self.capacity - self.in_flight_items
 
     def can_take(self, job: Job) -> bool:
         """Room for the job's items; a job larger than the whole capacity, or one that may
-        have killed a worker, goes only to an idle worker, and nothing joins it there."""
-        if self.draining or self.isolated_in_flight:
+        have killed a worker, goes only to an idle worker, and nothing joins it there.
+        A worker whose share for this broker is 0 takes nothing."""
+        if self.draining or self.isolated_in_flight or not self.capacity:
             return False
-        if job.deaths or job.items > self.ready.capacity:
+        if job.deaths or job.items > self.capacity:
             return self.in_flight_items == 0
         return job.items <= self.free_credit
 

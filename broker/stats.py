@@ -35,11 +35,12 @@ def worker_stats(worker: WorkerState, now: float) -> dict[str, Any]:
         "pid": ready.pid,
         "device": ready.device,
         "models": worker.models,
-        "capacity": ready.capacity,
+        "capacity": worker.capacity,
         "free_credit": worker.free_credit,
         "in_flight": len(worker.in_flight),
         "in_flight_items": worker.in_flight_items,
         "draining": worker.draining,
+        "declined": worker.declined,
         "last_seen_s": round(now - worker.last_seen, 3),
         "batches": {name: dataclasses.asdict(c) for name, c in worker.batches.items()},
     }

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gateway.guard import check_api_keys_file
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class GatewayConfig:
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "TCP port to listen on; 0 picks any free port", minimum=0)
     frontend: str = option(
-        "tcp://127.0.0.1:5555", "the broker's frontend endpoint", check=check_endpoint
+        "tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated (several brokers: requests "
+        "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
     models: tuple[str, ...] = option(

@@ -30,6 +30,7 @@ from gateway.parsing import (
 from gateway.responses import encode_embedding, json_response, jsonable, models_listing
 from gateway.tracing import REQUEST_ID
 from zbatch.client import WorkerError
+from zbatch.client.stats import merge_stats
 
 READY_PROBE_TIMEOUT_MS = 1000
 
@@ -87,14 +88,35 @@ async def get_health(request: web.Request) -> web.Response:
 
 
 async def get_ready(request: web.Request) -> web.Response:
-    """Readiness: the broker answers, is not draining, and every required model has a worker."""
-    stats = await request.app[CLIENT].stats(timeout_ms=READY_PROBE_TIMEOUT_MS)
+    """Readiness: at least one broker answers, is not draining, and has a worker for every required model.
+
+    With several brokers, the body also says which brokers are ready and why the others are not.
+    """
+    by_broker = await request.app[CLIENT].stats_by_broker(timeout_ms=READY_PROBE_TIMEOUT_MS)
+    required = request.app[CONFIG].required_models
+    verdicts = {endpoint: readiness(stats, required) for endpoint, stats in by_broker.items()}
+    if not any(verdict == "ready" for verdict in verdicts.values()):
+        answered = [stats for stats in by_broker.values() if not isinstance(stats, Exception)]
+        if not answered:
+            raise next(error for error in by_broker.values() if isinstance(error, Exception))
+        if len(verdicts) > 1:
+            raise ApiError("no_worker", "no broker is ready: " + "; ".join(f"{e}: {v}" for e, v in verdicts.items()))
+        if answered[0].get("draining"):
+            raise ApiError("broker_unavailable", "the broker is draining and takes no new work")
+        raise ApiError("no_worker", next(iter(verdicts.values())))
+    if len(verdicts) == 1:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "ready", "brokers": verdicts})
+
+
+def readiness(stats: Mapping[str, Any] | Exception, required: tuple[str, ...]) -> str:
+    """``ready``, or why one broker is not: it does not answer, it drains, or a required model has no worker."""
+    if isinstance(stats, Exception):
+        return f"not answering ({stats})"
     if stats.get("draining"):
-        raise ApiError("broker_unavailable", "the broker is draining and takes no new work")
-    missing = [m for m in request.app[CONFIG].required_models if worker_count(stats, m) < 1]
-    if missing:
-        raise ApiError("no_worker", f"no worker serves {', '.join(missing)}")
-    return web.json_response({"status": "ready"})
+        return "draining"
+    missing = [m for m in required if worker_count(stats, m) < 1]
+    return f"no worker serves {', '.join(missing)}" if missing else "ready"
 
 
 def worker_count(stats: Mapping[str, Any], model: str) -> int:
@@ -103,13 +125,18 @@ def worker_count(stats: Mapping[str, Any], model: str) -> int:
 
 
 async def get_models(request: web.Request) -> web.Response:
-    """Every model the broker knows, with its figures and workers."""
-    return web.json_response(models_listing(await request.app[CLIENT].stats()))
+    """Every model the brokers know, with its figures and workers (merged over the brokers)."""
+    return web.json_response(models_listing(await fleet_stats(request)))
 
 
 async def get_stats(request: web.Request) -> web.Response:
-    """The broker's statistics as it sends them."""
-    return web.json_response(jsonable(await request.app[CLIENT].stats()))
+    """The brokers' statistics: merged at the top level, each broker's as it sent them under ``brokers``."""
+    return web.json_response(jsonable(await fleet_stats(request)))
+
+
+async def fleet_stats(request: web.Request) -> dict[str, Any]:
+    """Every broker's statistics in one view (zbatch/client/stats.py); the error if none answers."""
+    return merge_stats(await request.app[CLIENT].stats_by_broker())
 
 
 async def get_openapi(request: web.Request) -> web.Response:

@@ -155,11 +155,13 @@ DOCUMENT: dict[str, Any] = {
             {"application/json": {"schema": _ref("EmbeddingsRequest")}},
             _answer("Embeddings in input order", _ref("EmbeddingsResponse"))),
         "/healthz": _get("Liveness: the gateway process answers", _answer("Up", _ref("Status"))),
-        "/readyz": _get("Readiness: the broker answers and every required model has a worker",
+        "/readyz": _get("Readiness: a broker answers, is not draining and has a worker for every required model "
+                        "(with several brokers, the body's brokers map says which are ready and why not)",
                         _answer("Ready", _ref("Status")), *BROKER_QUERY_ERRORS, "no_worker"),
-        "/models": _get("Models the broker knows, their figures and workers", _answer("Models", _ref("Models")),
+        "/models": _get("Models the brokers know, their figures and workers", _answer("Models", _ref("Models")),
                         *BROKER_QUERY_ERRORS),
-        "/v1/stats": _get("The broker's statistics", _answer("Statistics", _ref("Stats")), *BROKER_QUERY_ERRORS),
+        "/v1/stats": _get("The brokers' statistics, merged; each broker's own under brokers",
+                          _answer("Statistics", _ref("Stats")), *BROKER_QUERY_ERRORS),
         "/metrics": _get("Prometheus metrics of the gateway (text exposition format); needs a key only with "
                          "protect_metrics", _answer("Metrics", {"type": "string"}, "text/plain"), "unauthorized"),
         "/openapi.json": _get("This document", _answer("OpenAPI 3.0.3 document", {"type": "object"}), "unauthorized"),

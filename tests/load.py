@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,18 +23,22 @@ class Answer:
 
 @dataclass
 class Load:
-    """``concurrency`` clients posting texts to ``url`` until stopped; every request is accounted for."""
+    """``concurrency`` clients posting texts to ``url`` until stopped; every request is accounted for.
+
+    ``enter`` runs first in the load's thread (to move it into a network namespace, say).
+    """
 
     url: str
     concurrency: int = 8
     timeout_s: float = 60.0
+    enter: Callable[[], None] | None = None
     answers: list[Answer] = field(default_factory=list)
     sent: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Load:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread = threading.Thread(target=self._main, daemon=True)
         self._thread.start()
         return self
 
@@ -53,6 +58,11 @@ class Load:
         answers = list(self.answers)
         return {"sent": self.sent, "answered": len(answers), "ok": self.successes(),
                 "by_code": dict(Counter(a.code for a in answers))}
+
+    def _main(self) -> None:
+        if self.enter is not None:
+            self.enter()
+        asyncio.run(self._run())
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from worker.requests import InputLimits
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -26,7 +26,8 @@ def _check_device(value: str) -> str | None:
 class WorkerConfig:
     """zbatch-worker: loads one model and serves it in deadline-bounded batches for the broker."""
 
-    backend: str = option("tcp://127.0.0.1:5556", "the broker's worker endpoint", check=check_endpoint)
+    backend: str = option("tcp://127.0.0.1:5556", "the brokers' worker endpoints, comma-separated (several "
+                          "brokers: the worker registers with each and splits its capacity)", check=check_endpoints)
     model_path: str = option("", "folder of a transformers model (default: the bundled all-MiniLM-L6-v2)")
     model_name: str = option("", "public model name (default: all-MiniLM-L6-v2, or the folder's name)")
     task: str = option("embeddings", "'embeddings' or a transformers pipeline task such as fill-mask")

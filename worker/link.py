@@ -11,7 +11,10 @@ with READY at once.
 
 The protocol has no acknowledgement of READY, but the broker only ever
 sends DISCONNECT to a worker it does not know: the first other message
-after READY means the worker is registered (``on_registered``).
+after READY means the worker is registered (``on_registered``).  Silence,
+or a DISCONNECT, means it is not any more (``on_lost``): the broker has
+given up the work it sent (a worker of several brokers moves that broker's
+share of its capacity to the others, :mod:`worker.shares`).
 
 Each connection is one DEALER socket read by a
 :class:`~zbatch.runtime.sockets.PolledSockets`, which hands every message to
@@ -54,6 +57,7 @@ class BrokerLink:
         heartbeat: Callable[[], list[bytes]],
         deliver: Callable[[BrokerToWorkerMessage], None],
         on_registered: Callable[[], None],
+        on_lost: Callable[[], None] = lambda: None,
         curve: CurveKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -66,7 +70,9 @@ class BrokerLink:
         self._heartbeat = heartbeat
         self._deliver = deliver
         self._on_registered = on_registered
+        self._on_lost = on_lost
         self._awaiting_registration = False
+        self.registered = False
         self._socket: Socket | None = None
         self._poller: PolledSockets | None = None
         self._backoff_s = INITIAL_BACKOFF_S
@@ -79,9 +85,10 @@ class BrokerLink:
         while True:
             self._open()
             await self._serve_until_silent()
-            log.warning("broker silent for %.1f s; reconnecting in %.0f s",
+            log.warning("broker %s silent for %.1f s; reconnecting in %.0f s", self.endpoint,
                         self._heartbeat_s * self._liveness, self._backoff_s)
             self.close(linger_ms=0)
+            self._lost()
             await asyncio.sleep(self._backoff_s)
             self._backoff_s = min(self._backoff_s * 2, MAX_BACKOFF_S)
 
@@ -136,11 +143,20 @@ class BrokerLink:
             log.warning("dropped a malformed message from the broker: %s", exc)
             return
         if isinstance(message, Disconnect):
+            self._lost()
             if self.announce:
-                log.warning("the broker does not know this worker (%s); registering again", message.reason)
+                log.warning("the broker %s does not know this worker (%s); registering again", self.endpoint,
+                            message.reason)
                 self._announce()
         else:
             if self._awaiting_registration:
                 self._awaiting_registration = False
+                self.registered = True
                 self._on_registered()
             self._deliver(message)
+
+    def _lost(self) -> None:
+        """The broker no longer counts this worker as registered, nor the work it sent."""
+        if self.registered:
+            self.registered = False
+            self._on_lost()

@@ -17,6 +17,10 @@ context.
 Batch watchdog: a batch running longer than ``batch_timeout_ms`` means the
 model is stuck.  The worker tells the broker (DISCONNECT, so its requests go
 to other workers) and exits with status 70 for its supervisor to restart it.
+
+Several brokers (``--backend`` lists them): one link per broker, each with
+its share of the capacity (:mod:`worker.shares`); replies go back over the
+link their request came from, and the drain asks every broker.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
 from worker.metrics import worker_families
 from worker.requests import BadPayload, decode_request
+from worker.shares import Shares
 from worker.slots import ModelSlot, model_slots
 from zbatch.protocol import wire
 from zbatch.protocol.wire import (
@@ -49,8 +54,9 @@ from zbatch.protocol.wire import (
     Status,
 )
 from zbatch.runtime import daemon
-from zbatch.runtime.curve import client_keys
+from zbatch.runtime.curve import CurveKeys, client_keys
 from zbatch.runtime.logs import LogLimiter
+from zbatch.runtime.settings import split_endpoints
 
 log = logging.getLogger("zbatch.worker")
 FINAL_FLUSH_S = 0.2
@@ -68,13 +74,17 @@ class WorkerServer(daemon.Service):
         self.logs = LogLimiter(log, time.monotonic)
         self._context = zmq.asyncio.Context()
         self._engine: InferenceThread | None = None
-        self._link: BrokerLink | None = None
+        self.endpoints = split_endpoints(config.backend)
+        self.shares = Shares.of(len(self.endpoints), config.effective_capacity)
+        self._links: list[BrokerLink] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._batch_started: float | None = None
         self._idle_since = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._registered = asyncio.Event()
         self._drain_acknowledged = asyncio.Event()
+        self._drain_acks: set[int] = set()
+        self._drain_sent = False
         self._drained = asyncio.Event()
         self._draining = False
 
@@ -92,19 +102,26 @@ class WorkerServer(daemon.Service):
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
         await self._engine.start()
-        self._link = BrokerLink(
-            self._context, self.config.backend, self.config.identity.encode(),
-            self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
-            ready=self._ready_frames, heartbeat=self._heartbeat_frames, deliver=self._deliver,
-            on_registered=self._registered.set,
-            curve=client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file),
-        )
-        link, watchdog = loop.create_task(self._link.run()), loop.create_task(self._watch_batches())
-        self._tasks = [link, watchdog]
+        curve = client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file)
+        self._links = [self._make_link(index, endpoint, curve) for index, endpoint in enumerate(self.endpoints)]
+        links = [loop.create_task(link.run()) for link in self._links]
+        watchdog = loop.create_task(self._watch_batches())
+        self._tasks = [*links, watchdog]
         log.info("worker %s serving %s on %s, broker %s", self.config.identity, ", ".join(self.slots),
-                 self._engine.device, self.config.backend)
-        return {"the broker link": link, "the inference thread": self._engine.finished,
-                "the batch watchdog": watchdog}
+                 self._engine.device, ", ".join(self.endpoints))
+        named = {"the broker link": links[0]} if len(links) == 1 else {
+            f"the broker link to {endpoint}": task for endpoint, task in zip(self.endpoints, links, strict=True)}
+        return {**named, "the inference thread": self._engine.finished, "the batch watchdog": watchdog}
+
+    def _make_link(self, index: int, endpoint: str, curve: CurveKeys | None) -> BrokerLink:
+        return BrokerLink(
+            self._context, endpoint, self.config.identity.encode(),
+            self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
+            ready=lambda: self._ready_frames(index), heartbeat=lambda: self._heartbeat_frames(index),
+            deliver=lambda message: self._deliver(index, message),
+            on_registered=lambda: self._link_registered(index), on_lost=lambda: self._link_lost(index),
+            curve=curve,
+        )
 
     async def ready(self) -> None:
         """For systemd, ready means loaded and registered with the broker."""
@@ -114,40 +131,76 @@ class WorkerServer(daemon.Service):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._link is not None:
-            self._link.close(linger_ms=FINAL_LINGER_MS)
+        for link in self._links:
+            link.close(linger_ms=FINAL_LINGER_MS)
         if self._engine is not None:
             self._engine.stop(timeout_s=1.0)
         self._context.term()
 
     # ------------------------------------------------------------- messages
 
-    def _ready_frames(self) -> list[bytes]:
+    def _ready_frames(self, link: int) -> list[bytes]:
+        """READY with the whole capacity, or (several brokers) this broker's share, at least 1 (READY's minimum)."""
         assert self._engine is not None
         infos = tuple(slot.info for slot in self.slots.values())
-        ready = Ready(infos, self.config.effective_capacity, self.config.identity,
-                      socketlib.gethostname(), os.getpid(), self._engine.device)
+        several = self.shares.several
+        capacity = max(1, self.shares.share(link, registering=True)) if several else self.config.effective_capacity
+        ready = Ready(infos, capacity, self.config.identity, socketlib.gethostname(), os.getpid(),
+                      self._engine.device)
         return wire.encode_ready(ready)
 
-    def _heartbeat_frames(self) -> list[bytes]:
+    def _heartbeat_frames(self, link: int) -> list[bytes]:
         counters = {name: slot.counters() for name, slot in self.slots.items()}
-        return wire.encode_heartbeat(Heartbeat(counters))
+        capacity = self.shares.announce(link) if self.shares.several else None
+        return wire.encode_heartbeat(Heartbeat(counters, capacity))
 
-    def _deliver(self, message: BrokerToWorkerMessage) -> None:
-        """Handle one message from the broker; whatever goes wrong with it, answer it and keep serving."""
+    def _link_registered(self, link: int) -> None:
+        """A broker took the READY: tell it its exact share, and the others theirs if that changed them."""
+        self.shares.set_registered(link, True)
+        self._registered.set()
+        if self.shares.several:
+            self._links[link].send(self._heartbeat_frames(link))
+            self._announce_shares()
+
+    def _link_lost(self, link: int) -> None:
+        """A broker gave this worker up: skip what it sent that has not started, share its capacity out."""
+        self.shares.set_registered(link, False)
+        orphans = self.shares.orphan(link)
+        if orphans:
+            log.warning("broker %s lost: dropping its %d request(s), skipping those not started",
+                        self.endpoints[link], len(orphans))
+            for local in orphans:
+                self._send_replies([r for r in (s.assembler.cancel(local) for s in self.slots.values()) if r])
+        self._announce_shares()
+        self._check_drain_acknowledged()
+
+    def _announce_shares(self) -> None:
+        for link in self.shares.changed():
+            self._links[link].send(self._heartbeat_frames(link))
+
+    def _deliver(self, link: int, message: BrokerToWorkerMessage) -> None:
+        """Handle one message from a broker; whatever goes wrong with it, answer it and keep serving."""
+        local: bytes | None = None
         try:
             if isinstance(message, Request):
-                self._accept(message)
+                admitted = self.shares.admit(link, message)
+                if isinstance(admitted, Reply):  # declined: full with other brokers' work
+                    self._links[link].send(wire.encode_reply(admitted))
+                    return
+                local = admitted.request_id
+                self._accept(admitted)
             elif isinstance(message, Cancel):
-                replies = (slot.assembler.cancel(message.request_id) for slot in self.slots.values())
+                local = self.shares.local_id(link, message.request_id)
+                replies = (slot.assembler.cancel(local) for slot in self.slots.values())
                 self._send_replies([reply for reply in replies if reply is not None])
             elif isinstance(message, Drain):
-                self._drain_acknowledged.set()
+                self._drain_acks.add(link)
+                self._check_drain_acknowledged()
         except Exception:
             self.logs.log("message-failed", logging.ERROR, "handling a %s from the broker failed; it is answered "
                           "worker_error and the worker goes on", type(message).__name__, exc_info=True)
-            if isinstance(message, Request):
-                self._fail(message.request_id, "the worker failed while taking this request; see its log")
+            if isinstance(message, Request) and local is not None:
+                self._fail(local, "the worker failed while taking this request; see its log")
 
     def _fail(self, job_id: bytes, message: str) -> None:
         """Answer a request ``worker_error``, once, whether or not it is held already."""
@@ -156,9 +209,14 @@ class WorkerServer(daemon.Service):
         self._send_replies(replies or [Reply(job_id, Status.WORKER_ERROR, message)])
 
     def _send_replies(self, replies: list[Reply]) -> None:
-        assert self._link is not None
+        """Each reply over the link its request came from, under that broker's job id."""
         for reply in replies:
-            self._link.send(wire.encode_reply(reply))
+            routed = self.shares.route(reply)
+            if routed is not None:
+                link, answer = routed
+                self._links[link].send(wire.encode_reply(answer))
+        if replies and self.shares.several:
+            self._announce_shares()  # a lost broker's work ended: its items go to the others
 
     # -------------------------------------------------------------- batching
 
@@ -229,18 +287,27 @@ class WorkerServer(daemon.Service):
 
     # ------------------------------------------------------ drain, watchdog
 
+    def _check_drain_acknowledged(self) -> None:
+        """Every registered broker acknowledged DRAIN: none will send more."""
+        if self._drain_sent and all(i in self._drain_acks or not link.registered
+                                    for i, link in enumerate(self._links)):
+            self._drain_acknowledged.set()
+
     async def drain(self) -> None:
-        assert self._link is not None
         log.info("draining: telling the broker, then finishing %d held request(s)", self._held())
         budget_end = time.monotonic() + self.config.drain_timeout_ms / 1000
-        self._link.announce = False
-        self._link.send(wire.encode_drain())
+        self._drain_sent = True
+        for link in self._links:
+            link.announce = False
+            link.send(wire.encode_drain())
+        self._check_drain_acknowledged()  # no broker registered: none can send more
         await _wait(self._drain_acknowledged, budget_end)
         self._draining = True
         self._schedule()
         if self._held() and not await _wait(self._drained, budget_end):
             log.warning("drain timeout: %d request(s) left to the broker", self._held())
-        self._link.send(wire.encode_disconnect("worker stopping"))
+        for link in self._links:
+            link.send(wire.encode_disconnect("worker stopping"))
         # Let the last replies and the DISCONNECT leave before the connection closes: a peer
         # that reads them in the same TCP segment as the close can lose them (seen with libzmq).
         await asyncio.sleep(FINAL_FLUSH_S)
@@ -254,11 +321,11 @@ class WorkerServer(daemon.Service):
                 self._give_up(time.monotonic() - started)
 
     def _give_up(self, running_s: float) -> None:
-        assert self._link is not None
         log.error("batch running for %.1f s (limit %d ms): the model is stuck; exiting for a restart",
                   running_s, self.config.batch_timeout_ms)
-        self._link.send(wire.encode_disconnect(f"stuck: a batch ran for {running_s:.0f} s"))
-        self._link.close(linger_ms=FINAL_LINGER_MS)
+        for link in self._links:
+            link.send(wire.encode_disconnect(f"stuck: a batch ran for {running_s:.0f} s"))
+            link.close(linger_ms=FINAL_LINGER_MS)
         self._context.term()
         daemon.exit_now(STUCK_EXIT_CODE)  # the inference thread cannot be stopped; the process must go
 

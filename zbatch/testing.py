@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -178,9 +178,16 @@ def spawn(module: str, name: str, log_dir: Path, /, *args: str, env: Mapping[str
     ``env`` adds variables to :func:`daemon_env`.  A setting may be called ``name``
     (the worker's ``--name``): ``module``, ``name`` and ``log_dir`` are positional only.
     """
+    return spawn_wrapped((), module, name, log_dir, *args, env=env, **settings)
+
+
+def spawn_wrapped(wrap: Sequence[str], module: str, name: str, log_dir: Path, /, *args: str,
+                  env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+    """:func:`spawn` under ``wrap``, a command that runs the daemon's command line by ``exec``, so the
+    pid and signals stay the daemon's: ``["ip", "netns", "exec", NAME]`` starts it in a network namespace."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", module, *args, *flags(settings)], stdout=log,
+        process = subprocess.Popen([*wrap, sys.executable, "-m", module, *args, *flags(settings)], stdout=log,
                                    stderr=subprocess.STDOUT, env=daemon_env(env), cwd=ROOT)
     return Daemon(name, process, log_path)
 

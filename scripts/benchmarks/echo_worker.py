@@ -8,7 +8,9 @@ Modes (``python -m scripts.benchmarks.echo_worker MODE ...``):
   input so the gateway can answer as for the real model). With
   ``--batch-ms``, it simulates a model: after each sleep of
   ``batch_ms + item_ms * items`` it takes everything pending, up to
-  ``--max-batch`` items, and "runs" it.
+  ``--max-batch`` items, and "runs" it.  ``--count N`` runs N such workers
+  in one process, named NAME-0 to NAME-N-1, each on the next broker of a
+  comma-separated ``--backend``.
 * ``proxy``: ``zmq.proxy`` between a ROUTER frontend and a DEALER backend, the
   libzmq built-in that any broker should be compared with.
 * ``forwarder``: the same in Python, on the broker's event loop and socket
@@ -123,6 +125,19 @@ class EchoWorker:
                 await self.socket.send_multipart(self.answer(request))
 
 
+async def run_simulated_workers(args: argparse.Namespace) -> None:
+    """``--count`` simulated workers, spread over the brokers of ``--backend`` in turn."""
+    if args.count == 1 and "," not in args.backend:
+        await EchoWorker(args, zmq.asyncio.Context()).run_simulated()
+        return
+    context = zmq.asyncio.Context()
+    backends = [backend.strip() for backend in args.backend.split(",") if backend.strip()]
+    workers = [EchoWorker(argparse.Namespace(**(vars(args) | {"name": f"{args.name}-{i}",
+                                                               "backend": backends[i % len(backends)]})), context)
+               for i in range(args.count)]
+    await asyncio.gather(*(worker.run_simulated() for worker in workers))
+
+
 def bound_router_dealer(frontend: str, backend: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A ROUTER for clients and a DEALER for workers, bound, with the broker's high-water marks."""
     context = zmq.Context()
@@ -195,6 +210,7 @@ def main() -> None:
     parser.add_argument("--batch-ms", type=float, default=0.0)
     parser.add_argument("--item-ms", type=float, default=0.0)
     parser.add_argument("--outputs", choices=("echo", "vector"), default="echo")
+    parser.add_argument("--count", type=int, default=1, help="simulated workers in this process (--batch-ms)")
     args = parser.parse_args()
     if args.mode == "proxy":
         run_proxy(args.frontend, args.backend)
@@ -203,7 +219,7 @@ def main() -> None:
     elif args.mode == "proxy-worker":
         run_proxy_worker(args.backend)
     elif args.batch_ms > 0:
-        eventloop.run(EchoWorker(args, zmq.asyncio.Context()).run_simulated())
+        eventloop.run(run_simulated_workers(args))
     else:
         EchoWorker(args, zmq.Context()).run_instant()
 

@@ -39,6 +39,12 @@ class StubClient:
             raise self.error
         return {"draining": False, "models": {CONFIG.default_model: {"workers": 1}}, "workers": []}
 
+    async def stats_by_broker(self, **options: Any) -> dict[str, Any]:
+        try:
+            return {CONFIG.frontend: await self.stats(**options)}
+        except Exception as exc:  # as AsyncClient gives it: the error in place of the statistics
+            return {CONFIG.frontend: exc}
+
 
 @dataclass
 class Answer:

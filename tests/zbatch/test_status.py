@@ -76,3 +76,14 @@ def test_rates_come_from_the_difference_between_refreshes() -> None:
 def test_help_lists_the_modes() -> None:
     result = status("--help")
     assert result.returncode == 0 and "--once" in result.stdout and "--json" in result.stdout
+
+
+def test_several_brokers_get_a_frame_each_and_a_silent_one_says_so(broker: Daemon) -> None:
+    silent = f"tcp://127.0.0.1:{free_port()}"
+    result = status("--once", "--frontend", f"{broker.frontend},{silent}")
+    assert result.returncode == 0, result.stderr
+    assert f"zbatch broker {broker.frontend}  up" in result.stdout
+    assert f"zbatch broker {silent}  NOT ANSWERING" in result.stdout
+    merged = json.loads(status("--json", "--frontend", f"{broker.frontend},{silent}").stdout)
+    assert merged["models"]["m"]["backlog_items"] == 0
+    assert set(merged["brokers"]) == {broker.frontend, silent} and "error" in merged["brokers"][silent]

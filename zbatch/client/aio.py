@@ -1,15 +1,26 @@
-"""The asyncio client for the broker's frontend: the gateway uses it, and so can you.
+"""The asyncio client for the brokers' frontends: the gateway uses it, and so can you.
 
-One DEALER socket carries many requests at once (pipelining): each request
-gets a fresh id, a future waits for the REPLY with that id, and the socket's
-reader (:class:`~zbatch.runtime.sockets.PolledSockets`) matches replies to
-futures as they arrive.  Statuses other than ``ok`` become typed
-exceptions (:class:`ZBatchError` subclasses) carrying the broker's message.
+One DEALER socket per broker carries many requests at once (pipelining):
+each request gets a fresh id, a future waits for the REPLY with that id, and
+one :class:`~zbatch.runtime.sockets.PolledSockets` reads every socket and
+matches replies to futures as they arrive.  Statuses other than ``ok``
+become typed exceptions (:class:`ZBatchError` subclasses) carrying the
+broker's message.
 
-If the broker is not connected, a request fails at once with
+If no broker is connected, a request fails at once with
 :class:`BrokerUnavailable` instead of waiting (``IMMEDIATE`` plus a
 non-blocking send); if a reply never comes, the wait ends at the request's
 timeout plus a grace period for the broker's own deadline answer.
+
+Several brokers (``endpoint="tcp://a:5555,tcp://b:5555"`` or a list;
+PROTOCOL.md 6.6): each request goes to the live broker with the fewest items
+outstanding (:mod:`zbatch.client.brokers`).  Every broker is sent a HEARTBEAT
+each ``heartbeat_ms``; one silent for ``heartbeat_ms × heartbeat_liveness``,
+or whose connection drops, is dead until it answers again.  What was
+outstanding at a dead broker is sent again to a live one (``replay``), or
+fails with :class:`BrokerUnavailable`.  The overload breaker
+(:mod:`zbatch.client.breaker`) is kept per broker: one broker's full backlog
+sends the next requests to the others rather than refusing them here.
 """
 
 from __future__ import annotations
@@ -20,29 +31,54 @@ import os
 import random
 import struct
 import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from zbatch.client.breaker import OverloadBreaker, Ticket
+from zbatch.client.brokers import BrokerSet
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
+from zbatch.client.stats import merge_stats
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Reply, Request, Status
 from zbatch.runtime.curve import CurveKeys
-from zbatch.runtime.sockets import PolledSockets, open_socket
+from zbatch.runtime.settings import split_endpoints
+from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 
 HEARTBEAT = wire.encode_heartbeat()
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
+StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A request waiting for its answer: where it is now, and what it takes to send it elsewhere."""
+
+    request_id: bytes
+    future: asyncio.Future[Reply]
+    broker: int
+    request: Request | None = None  # None: a STATS, which belongs to its broker
+    deadline: float = 0.0  # time.monotonic() of the request's own deadline, for a replay's timeout
+    key: Hashable = None  # the breaker's (broker, model, priority)
+    ticket: Ticket = Ticket.NORMAL
+    moved_from: set[int] = field(default_factory=set)
+
+    @property
+    def items(self) -> int:
+        return 0 if self.request is None else self.request.items
 
 
 class AsyncClient:
-    """Pipelined requests to one broker over one DEALER socket; use as ``async with``."""
+    """Pipelined requests to one broker, or spread over several; use as ``async with``."""
 
     def __init__(
         self,
-        endpoint: str = "tcp://127.0.0.1:5555",
+        endpoint: str | Sequence[str] = "tcp://127.0.0.1:5555",
         *,
         context: zmq.asyncio.Context | None = None,
         timeout_ms: int = 30_000,
@@ -52,28 +88,48 @@ class AsyncClient:
         retry_backoff_ms: int = 50,
         fail_fast_overload: bool = True,
         curve: CurveKeys | None = None,
+        heartbeat_ms: int = 1_000,
+        heartbeat_liveness: int = 3,
+        replay: bool = True,
     ) -> None:
-        """``curve``: the broker's public key and this client's key pair, for a broker with CURVE on.
+        """``endpoint``: one broker's frontend, or several (a comma-separated string or a list).
 
-        ``fail_fast_overload``: once the broker refuses a model as overloaded, refuse further
+        ``curve``: the brokers' public key and this client's key pair, for brokers with CURVE on.
+
+        ``fail_fast_overload``: once a broker refuses a model as overloaded, refuse further
         requests for it (at that priority) here, at once, while one of them asks the broker
         again (see :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
+
+        With several brokers: ``heartbeat_ms`` and ``heartbeat_liveness`` say how soon a dead or
+        hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
+        again to another broker (inference has no side effects) or fail with BrokerUnavailable.
         """
-        self.endpoint = endpoint
+        self.endpoints = split_endpoints(endpoint)
+        if not self.endpoints:
+            raise ValueError("AsyncClient needs at least one broker endpoint, such as tcp://127.0.0.1:5555")
+        self.endpoint = ",".join(self.endpoints)
         self.connect_timeout_ms = connect_timeout_ms
         self.overload_retries = overload_retries
         self.retry_backoff_ms = retry_backoff_ms
         self.timeout_ms = timeout_ms
         self.reply_grace_ms = reply_grace_ms
+        self.replay = replay
+        self.brokers = BrokerSet(self.endpoints, time.monotonic, heartbeat_s=heartbeat_ms / 1000,
+                                 liveness=heartbeat_liveness)
         self._breaker = OverloadBreaker() if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
         # With CURVE, a refused key never completes the handshake: requests fail fast.
-        self._socket = open_socket(self._context, zmq.DEALER, connect=endpoint, immediate=True, curve=curve)
-        # Connection events (only EVENT_DISCONNECTED) arrive on a PAIR socket read with the replies.
-        monitor = f"inproc://zbatch-client-monitor.{self._socket.FD}"
-        self._socket.monitor(monitor, zmq.EVENT_DISCONNECTED)
-        self._monitor = open_socket(self._context, zmq.PAIR, connect=monitor)
-        self._pending: dict[bytes, asyncio.Future[Reply]] = {}
+        self._sockets = [open_socket(self._context, zmq.DEALER, connect=end, immediate=True, curve=curve)
+                         for end in self.endpoints]
+        # Connection events arrive on PAIR sockets read with the replies: drops, and (several brokers)
+        # completed handshakes, which get a heartbeat at once so a broker back rejoins without waiting.
+        events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self.brokers.watch else 0)
+        self._monitors: list[Socket] = []
+        for socket in self._sockets:
+            monitor = f"inproc://zbatch-client-monitor.{socket.FD}"
+            socket.monitor(monitor, events)
+            self._monitors.append(open_socket(self._context, zmq.PAIR, connect=monitor))
+        self._pending: dict[bytes, _Pending] = {}
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
         self._poller: PolledSockets | None = None
@@ -134,107 +190,168 @@ class AsyncClient:
         Without ``timeout_ms`` the broker applies its default; ``self.timeout_ms``
         should match it, since it bounds how long this side waits.
         """
-        key = (model, priority)
-        ticket = Ticket.NORMAL if self._breaker is None else self._breaker.admit(key)
-        if ticket is None:
-            assert self._breaker is not None
-            return Reply(b"", Status.OVERLOADED, f"model {model!r} is overloaded: the broker refused a request "
-                         "for it moments ago and is being asked again; retry later",
-                         retry_after_ms=self._breaker.retry_after_ms.get(key))
-        request_id = self._new_id()
-        frames = wire.encode_request(Request(request_id, model, items, payload, timeout_ms, priority, trace))
-        wait_ms = (self.timeout_ms if timeout_ms is None else timeout_ms) + self.reply_grace_ms
+        request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace)
+        own_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        pending = _Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
+                           time.monotonic() + own_ms / 1000)
+        refusal = await self._place(pending)
+        if refusal is not None:
+            return refusal
         reply: Reply | None = None
         try:
-            reply = await self._exchange(request_id, frames, wait_ms)
+            reply = await self._wait(pending, own_ms + self.reply_grace_ms)
             return reply
         finally:
             if self._breaker is not None:
                 overloaded = reply is not None and reply.status is Status.OVERLOADED
-                self._breaker.settle(key, ticket, overloaded, reply.retry_after_ms if reply else None)
+                self._breaker.settle(pending.key, pending.ticket, overloaded, reply.retry_after_ms if reply else None)
 
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
-        """The broker's statistics: models, backlogs, workers, batches."""
-        request_id = self._new_id()
-        reply = await self._exchange(request_id, wire.encode_stats_query(request_id), timeout_ms)
-        raise_for_status(reply)
-        stats: dict[str, Any] = payloads.decode_payload(reply.payload)
-        return stats
+        """The broker's statistics: models, backlogs, workers, batches.
+
+        With several brokers, the merged view of :func:`zbatch.client.stats.merge_stats`, each
+        broker's own under ``brokers``; it raises only if no broker answers.
+        """
+        if len(self.endpoints) == 1:
+            return await self._stats_of(0, timeout_ms)
+        return merge_stats(await self.stats_by_broker(timeout_ms=timeout_ms))
+
+    async def stats_by_broker(self, *, timeout_ms: int = 2_000) -> StatsByBroker:
+        """Every broker's statistics, or the error it gave, by endpoint; all asked at once."""
+        answers = await asyncio.gather(*(self._stats_of(i, timeout_ms) for i in range(len(self.endpoints))),
+                                       return_exceptions=True)
+        result: StatsByBroker = {}
+        for endpoint, answer in zip(self.endpoints, answers, strict=True):
+            if isinstance(answer, ZBatchError | dict):
+                result[endpoint] = answer
+            else:
+                raise answer  # a cancellation or a bug, not an answer
+        return result
 
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.close()
             self._poller = None
-        for future in self._pending.values():
-            future.cancel()
+        for pending in self._pending.values():
+            pending.future.cancel()
         self._pending.clear()
-        self._socket.disable_monitor()
-        self._monitor.close(linger=0)
-        self._socket.close(linger=0)
+        for socket, monitor in zip(self._sockets, self._monitors, strict=True):
+            socket.disable_monitor()
+            monitor.close(linger=0)
+            socket.close(linger=0)
 
     def _new_id(self) -> bytes:
         return self._prefix + struct.pack(">Q", next(self._counter))
 
-    async def _exchange(self, request_id: bytes, frames: list[bytes], wait_ms: int) -> Reply:
-        self._ensure_reader()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
-        self._pending[request_id] = future
-        timer: asyncio.TimerHandle | None = None
-        try:
-            await self._send_or_fail(frames)
-            # A timer on the future itself: asyncio.wait_for wraps it in more futures and callbacks,
-            # which cost more than the rest of the exchange.
-            timer = loop.call_later(wait_ms / 1000, self._give_up, future, wait_ms)
-            try:
-                return await future
-            except asyncio.CancelledError:
-                self._send_cancel(request_id)
-                raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._pending.pop(request_id, None)
-            if future.done() and not future.cancelled():
-                future.exception()  # a connection lost before the send failed: already reported by the raise
+    # ------------------------------------------------------------ sending
 
-    def _give_up(self, future: asyncio.Future[Reply], wait_ms: int) -> None:
-        if not future.done():
-            future.set_exception(BrokerUnavailable(f"no answer from the broker at {self.endpoint} within {wait_ms} ms"))
+    async def _place(self, pending: _Pending) -> Reply | None:
+        """Send the request to the best live broker its breaker lets through; a Reply: refused here.
 
-    async def _send_or_fail(self, frames: list[bytes]) -> None:
-        """Send now, or within ``connect_timeout_ms`` if the connection is still being made; else fail fast.
-
-        The wait tries again every few milliseconds: the reader watches for input, not for
-        the moment the connection completes, and waiting here is rare.
+        A broker whose connection is still being made is skipped; if none can take it, try again
+        every few milliseconds for ``connect_timeout_ms``, then fail fast.
         """
-        if self._try_send(frames):
-            return
+        assert pending.request is not None
+        self._ensure_reader()
+        request = pending.request
+        frames = wire.encode_request(request)
         give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
-        while time.monotonic() < give_up_at:
+        while True:
+            refused: Hashable = None
+            candidates = self.brokers.order()
+            if not candidates:
+                raise BrokerUnavailable(self._nowhere_text())
+            for index in candidates:
+                key = (index, request.model, request.priority)
+                ticket = Ticket.NORMAL if self._breaker is None else self._breaker.admit(key)
+                if ticket is None:
+                    refused = key
+                    continue
+                pending.broker, pending.key, pending.ticket = index, key, ticket
+                if self._try_send(index, frames):
+                    self._pending[request.request_id] = pending
+                    self.brokers[index].outstanding += request.items
+                    return None
+                if self._breaker is not None:
+                    self._breaker.settle(key, ticket, False)
+            if refused is not None and pending.broker < 0:
+                return self._refused_here(request, refused)
+            if time.monotonic() >= give_up_at:
+                raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
-            if self._try_send(frames):
-                return
-        raise BrokerUnavailable(
-            f"the broker at {self.endpoint} is not connected; start zbatch-broker or check the address"
-        )
 
-    def _try_send(self, frames: list[bytes]) -> bool:
+    def _refused_here(self, request: Request, key: Hashable) -> Reply:
+        assert self._breaker is not None
+        return Reply(b"", Status.OVERLOADED, f"model {request.model!r} is overloaded: the broker refused a request "
+                     "for it moments ago and is being asked again; retry later",
+                     retry_after_ms=self._breaker.retry_after_ms.get(key))
+
+    def _nowhere_text(self) -> str:
+        if len(self.endpoints) == 1:
+            return f"the broker at {self.endpoint} is not connected; start zbatch-broker or check the address"
+        return (f"no broker of {self.endpoint} is connected and answering heartbeats; start zbatch-broker "
+                "or check the addresses")
+
+    async def _wait(self, pending: _Pending, wait_ms: int) -> Reply:
+        """The answer, or BrokerUnavailable after ``wait_ms``; a caller who gives up cancels the request."""
+        request_id = pending.request_id
+        future = pending.future
+        # A timer on the future itself: asyncio.wait_for wraps it in more futures and callbacks,
+        # which cost more than the rest of the exchange.
+        timer = asyncio.get_running_loop().call_later(wait_ms / 1000, self._give_up, pending, wait_ms)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._try_send(pending.broker, wire.encode_cancel(request_id))
+            raise
+        finally:
+            timer.cancel()
+            self._forget(request_id, pending)
+
+    def _forget(self, request_id: bytes, pending: _Pending) -> None:
+        if self._pending.get(request_id) is pending:
+            del self._pending[request_id]
+            self.brokers[pending.broker].outstanding -= pending.items
+        if pending.future.done() and not pending.future.cancelled():
+            pending.future.exception()  # a connection lost before the send failed: already reported by the raise
+
+    def _give_up(self, pending: _Pending, wait_ms: int) -> None:
+        if not pending.future.done():
+            endpoint = self.endpoints[pending.broker]
+            pending.future.set_exception(BrokerUnavailable(f"no answer from the broker at {endpoint} within "
+                                                           f"{wait_ms} ms"))
+
+    def _try_send(self, index: int, frames: list[bytes]) -> bool:
         """A non-blocking send: no future per message; False when it cannot go now (or the client is closed)."""
         if self._poller is None:
             return False
         try:
-            self._poller.send(self._socket, frames)
+            self._poller.send(self._sockets[index], frames)
         except zmq.Again:
             return False
         return True
 
-    def _send_cancel(self, request_id: bytes) -> None:
-        """Tell the broker the caller gave up, so the work is skipped if it has not started.
+    async def _stats_of(self, index: int, timeout_ms: int) -> dict[str, Any]:
+        """One broker's STATS answer, asked of that broker only."""
+        self._ensure_reader()
+        if not self.brokers[index].live and self.brokers.watch:
+            raise BrokerUnavailable(f"the broker at {self.endpoints[index]} is not answering heartbeats")
+        request_id = self._new_id()
+        pending = _Pending(request_id, asyncio.get_running_loop().create_future(), index)
+        frames = wire.encode_stats_query(request_id)
+        give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
+        while not self._try_send(index, frames):
+            if time.monotonic() >= give_up_at:
+                raise BrokerUnavailable(f"the broker at {self.endpoints[index]} is not connected; start "
+                                        "zbatch-broker or check the address")
+            await asyncio.sleep(SEND_RETRY_S)
+        self._pending[request_id] = pending
+        reply = await self._wait(pending, timeout_ms)
+        raise_for_status(reply)
+        stats: dict[str, Any] = payloads.decode_payload(reply.payload)
+        return stats
 
-        If it cannot be sent now, the broker's deadline cleans up instead.
-        """
-        self._try_send(wire.encode_cancel(request_id))
+    # ------------------------------------------------------------ reading
 
     def _ensure_reader(self) -> None:
         """Replies and connection events are read on the loop that asks; a new loop gets a new reader."""
@@ -243,7 +360,12 @@ class AsyncClient:
             return
         if self._poller is not None:
             self._poller.close()
-        self._poller = PolledSockets({self._socket: self._deliver, self._monitor: self._on_disconnect})
+        handlers = {}
+        for index, (socket, monitor) in enumerate(zip(self._sockets, self._monitors, strict=True)):
+            handlers[socket] = lambda frames, i=index: self._deliver(i, frames)
+            handlers[monitor] = lambda frames, i=index: self._on_event(i, frames)
+        self.brokers.restart()
+        self._poller = PolledSockets(handlers, after_wake=self._watch if self.brokers.watch else None)
         self._poller.stopped.add_done_callback(self._reading_stopped)
 
     def _reading_stopped(self, stopped: asyncio.Future[None]) -> None:
@@ -251,28 +373,38 @@ class AsyncClient:
         if stopped.cancelled() or stopped.exception() is None:
             return
         error = stopped.exception()
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(BrokerUnavailable(f"reading replies from {self.endpoint} failed: {error!r}"))
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(BrokerUnavailable(
+                    f"reading replies from {self.endpoints[pending.broker]} failed: {error!r}"))
 
-    def _on_disconnect(self, event: list[bytes]) -> None:
-        """The connection dropped (a monitor event): fail what is pending, once the grace has passed.
+    def _on_event(self, index: int, frames: list[bytes]) -> None:
+        """A connection event: a drop fails (or moves) what is pending there, once the grace has passed.
 
         The broker's last answers can reach this socket just after the event, so they are taken first.
         """
-        asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost)
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
+            return
+        asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost, index)
 
-    def _connection_lost(self) -> None:
+    def _connection_lost(self, index: int) -> None:
         if self._poller is not None:
             self._poller.wake()
+        if self.brokers.watch:
+            if self.brokers.lost(index):
+                self._broker_died(index, "lost the connection")
+            return
         lost = BrokerUnavailable(
-            f"lost the connection to the broker at {self.endpoint}; the request may not have run"
+            f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
         )
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(lost)
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(lost)
 
-    def _deliver(self, frames: list[bytes]) -> None:
+    def _deliver(self, index: int, frames: list[bytes]) -> None:
+        if self.brokers.watch and self.brokers.heard(index):
+            self._rejoined(index)
         if frames == HEARTBEAT:
             return
         try:
@@ -281,9 +413,72 @@ class AsyncClient:
             # An answer this client cannot read (a status it does not know, say) still ends its request.
             request_id = wire.request_id_of(frames)
             unreadable = self._pending.get(request_id) if request_id is not None else None
-            if unreadable is not None and not unreadable.done():
-                unreadable.set_exception(ZBatchError(f"the broker's answer could not be read: {exc}"))
+            if unreadable is not None and unreadable.broker == index and not unreadable.future.done():
+                unreadable.future.set_exception(ZBatchError(f"the broker's answer could not be read: {exc}"))
             return
-        future = self._pending.get(reply.request_id)
-        if future is not None and not future.done():
-            future.set_result(reply)
+        pending = self._pending.get(reply.request_id)
+        if pending is None or pending.future.done():
+            return  # a late duplicate: the request has its answer
+        if index == pending.broker:
+            if reply.status is Status.NO_WORKER and self._elsewhere(reply.request_id, pending):
+                return  # a broker without workers (one just back, say): another one may have some
+            pending.future.set_result(reply)
+        elif index in pending.moved_from and reply.status is Status.OK:
+            pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
+            self._try_send(pending.broker, wire.encode_cancel(reply.request_id))
+
+    # ------------------------------------------------------ several brokers
+
+    def _watch(self) -> float | None:
+        """After each wake: give up silent brokers, heartbeat every broker when due; the next wake."""
+        for index in self.brokers.silent():
+            self._broker_died(index, f"no answer to heartbeats for {self.brokers.expiry_s:.1f} s")
+        if self.brokers.heartbeat_due():
+            for index in range(len(self._sockets)):
+                self._try_send(index, HEARTBEAT)
+        return self.brokers.next_wakeup()
+
+    def _broker_died(self, index: int, why: str) -> None:
+        """Move what is outstanding at a dead broker to live ones, or fail it."""
+        for request_id, pending in list(self._pending.items()):
+            if pending.broker != index or pending.future.done():
+                continue
+            if pending.request is None or not self.replay or not self._replay(request_id, pending):
+                pending.future.set_exception(BrokerUnavailable(
+                    f"the broker at {self.endpoints[index]} {why}; the request may not have run"
+                    + ("" if pending.request is None or not self.replay else ", and no other broker is live")))
+
+    def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
+        """Send a request again to the best live broker (not one of ``avoid``), with the time left;
+        False if none takes it."""
+        assert pending.request is not None
+        old = pending.broker
+        avoid = avoid or {old}
+        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
+        request = pending.request
+        frames = wire.encode_request(Request(request_id, request.model, request.items, request.payload,
+                                             remaining_ms, request.priority, request.trace))
+        for index in self.brokers.order():
+            if index not in avoid and self._try_send(index, frames):
+                if self._breaker is not None:  # the old broker's probe ends; the new one is asked plainly
+                    self._breaker.settle(pending.key, pending.ticket, False)
+                pending.key, pending.ticket = (index, request.model, request.priority), Ticket.NORMAL
+                pending.broker = index
+                pending.moved_from.add(old)
+                self.brokers.moved(request_id, old, index, request.items)
+                return True
+        return False
+
+    def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
+        """Send a request a broker had no worker for to a live broker it has not been to; False if none."""
+        if not self.brokers.watch or pending.request is None:
+            return False
+        tried = {pending.broker, *pending.moved_from}
+        if all(index in tried for index in self.brokers.order()):
+            return False
+        return self._replay(request_id, pending, avoid=tried)
+
+    def _rejoined(self, index: int) -> None:
+        """A dead broker answers again: cancel there what was moved away from it while it was gone."""
+        for request_id in self.brokers.take_moved_away(index):
+            self._try_send(index, wire.encode_cancel(request_id))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import zmq.asyncio
@@ -20,14 +21,15 @@ class Client:
     from plain threads.  Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", **options: Any) -> None:
+    def __init__(self, endpoint: str | Sequence[str] = "tcp://127.0.0.1:5555", **options: Any) -> None:
+        """``endpoint``: one broker, or several (comma-separated or a list); ``options`` as :class:`AsyncClient`."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="zbatch-client", daemon=True)
         self._thread.start()
         self._async = self._call(self._make(endpoint, options))
 
     @staticmethod
-    async def _make(endpoint: str, options: dict[str, Any]) -> AsyncClient:
+    async def _make(endpoint: str | Sequence[str], options: dict[str, Any]) -> AsyncClient:
         return AsyncClient(endpoint, context=zmq.asyncio.Context(), **options)
 
     def __enter__(self) -> Client:
@@ -51,6 +53,7 @@ class Client:
         return self.submit(model, inputs, parameters, **options).result()
 
     def stats(self) -> dict[str, Any]:
+        """The broker's statistics; with several brokers, their merged view (:meth:`AsyncClient.stats`)."""
         stats: dict[str, Any] = self._call(self._async.stats())
         return stats
 

@@ -79,6 +79,7 @@ class Status(enum.StrEnum):
     WORKER_ERROR = "worker_error"
     WORKER_LOST = "worker_lost"
     CANCELLED = "cancelled"  # worker -> broker only: skipped because the broker sent CANCEL
+    DECLINED = "declined"  # worker -> broker only: not taken, the worker is full (work from several brokers)
 
 
 HEADERS: Final = {command: SIGNATURE + bytes((VERSION, command)) for command in Command}
@@ -155,9 +156,11 @@ REPLY_KEYS: Final = frozenset({"status", "message", "retry_after_ms"})
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """Liveness; from a worker it also carries cumulative batch counters per model."""
+    """Liveness; from a worker it also carries cumulative batch counters per model and, from a worker
+    of several brokers, ``capacity``: the items this broker may have in flight on it from now on."""
 
     batches: dict[str, BatchCounters] = field(default_factory=dict)
+    capacity: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +233,14 @@ def encode_ready(ready: Ready) -> list[bytes]:
 
 
 def encode_heartbeat(heartbeat: Heartbeat | None = None) -> list[bytes]:
-    if heartbeat is None or not heartbeat.batches:
+    if heartbeat is None or (not heartbeat.batches and heartbeat.capacity is None):
         return [HEADERS[Command.HEARTBEAT]]
-    batches = {name: dataclasses.asdict(c) for name, c in heartbeat.batches.items()}
-    return [HEADERS[Command.HEARTBEAT], pack({"batches": batches})]
+    meta: dict[str, Any] = {}
+    if heartbeat.batches:
+        meta["batches"] = {name: dataclasses.asdict(c) for name, c in heartbeat.batches.items()}
+    if heartbeat.capacity is not None:
+        meta["capacity"] = heartbeat.capacity
+    return [HEADERS[Command.HEARTBEAT], pack(meta)]
 
 
 def encode_disconnect(reason: str = "") -> list[bytes]:
@@ -422,9 +429,12 @@ def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
     if len(frames) == 1:
         return Heartbeat()
     meta = _unpack_meta(frames[1])
-    _only_keys(meta, {"batches"})
+    _only_keys(meta, {"batches", "capacity"})
+    capacity = _optional(meta, "capacity", int)
+    if capacity is not None and not 0 <= capacity <= MAX_CAPACITY:
+        raise ProtocolError(f"capacity must be 0 to {MAX_CAPACITY}")
     batches: dict[str, BatchCounters] = {}
-    for name, counters in _field(meta, "batches", dict).items():
+    for name, counters in (_optional(meta, "batches", dict) or {}).items():
         if not isinstance(name, str) or not isinstance(counters, dict):
             raise ProtocolError("heartbeat batches must map model names to counter maps")
         _only_keys(counters, COUNTER_KEYS)
@@ -434,7 +444,7 @@ def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
         if any(value > MAX_COUNTER for value in values.values()):
             raise ProtocolError(f"heartbeat counters must be at most {MAX_COUNTER}")
         batches[_check_name(name, "model name")] = BatchCounters(**values)
-    return Heartbeat(batches)
+    return Heartbeat(batches, capacity)
 
 
 def _decode_disconnect(frames: list[bytes]) -> Disconnect:

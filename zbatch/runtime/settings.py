@@ -206,6 +206,8 @@ def _check_native(raw: Any, kind: Any) -> Any:
 
 def check_endpoint(value: str) -> str | None:
     """ZeroMQ endpoints look like transport://address."""
+    if "," in value:
+        return "must be one ZeroMQ endpoint, not a list: a broker binds one frontend and one backend"
     transport, sep, address = value.partition("://")
     if not sep or not address or transport not in ("tcp", "ipc", "inproc", "ws", "wss"):
         return "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or ipc:///run/zbatch/broker"
@@ -269,6 +271,20 @@ def check_exposure(endpoints: Mapping[str, str | Sequence[str]], *, curve: bool,
                 return (f"{name} {endpoint} is not a loopback address and CURVE is off: nothing sent there would "
                         f"be encrypted and anyone who reaches it would be trusted; configure CURVE (README, "
                         f"Security) or, on a network you trust, give --insecure (ZBATCH_INSECURE=true)")
+    return None
+
+
+def check_endpoints(value: str) -> str | None:
+    """A comma-separated list of brokers' endpoints (one is a list too), each checked as :func:`check_endpoint`."""
+    endpoints = split_endpoints(value)
+    if not endpoints:
+        return "must name at least one ZeroMQ endpoint, such as tcp://127.0.0.1:5555"
+    for endpoint in endpoints:
+        problem = check_endpoint(endpoint)
+        if problem:
+            return f"{endpoint!r} {problem}; separate several brokers with commas"
+    if len(set(endpoints)) != len(endpoints):
+        return "names a broker twice; list each broker once"
     return None
 
 

@@ -1,8 +1,13 @@
-"""``zbatch-status``: a live terminal view of one broker, built from its STATS answer.
+"""``zbatch-status``: a live terminal view of one broker, or several, built from their STATS answers.
 
 The broker keeps only running totals, so rates (requests/s, shed/s) are the
 difference between two refreshes; the first frame, and ``--once``, show
 ``-`` for them.  ``--json`` prints the raw statistics for scripts.
+
+With several brokers (``--frontend`` lists them) each broker gets its own
+frame, one under the other, and one that does not answer says so;
+``--json`` prints their merged view (:mod:`zbatch.client.stats`), each
+broker's own under ``brokers``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from zbatch.client import AsyncClient, ZBatchError
+from zbatch.client.stats import merge_stats
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
+from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 STATS_TIMEOUT_MS = 2_000
@@ -28,7 +34,8 @@ STATS_TIMEOUT_MS = 2_000
 class StatusConfig:
     """zbatch-status: live view of a zbatch broker's models, backlogs and workers."""
 
-    frontend: str = option("tcp://127.0.0.1:5555", "the broker's frontend endpoint", check=check_endpoint)
+    frontend: str = option("tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated",
+                           check=check_endpoints)
     refresh_ms: int = option(1_000, "time between refreshes", minimum=100)
     once: bool = option(False, "print one frame and exit")
     json: bool = option(False, "print the raw statistics as JSON once and exit (for scripts)")
@@ -116,9 +123,11 @@ def _duration(seconds: float) -> str:
 
 
 async def run(config: StatusConfig) -> int:
-    """The exit status: 1 when the broker does not answer the first query."""
+    """The exit status: 1 when no broker answers the first query."""
     curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
     async with AsyncClient(config.frontend, curve=curve) as client:
+        if len(client.endpoints) > 1:
+            return await _watch_several(config, client)
         try:
             current = Sample(time.monotonic(), await client.stats(timeout_ms=STATS_TIMEOUT_MS))
         except ZBatchError as exc:
@@ -140,6 +149,43 @@ async def run(config: StatusConfig) -> int:
                 previous, current, problem = current, Sample(time.monotonic(), stats), ""
             except ZBatchError as exc:
                 problem = f"broker not answering ({exc}); showing its last answer"
+
+
+async def _watch_several(config: StatusConfig, client: AsyncClient) -> int:
+    """Like the view of one broker, a frame per broker; the brokers are asked at once at each refresh."""
+    by_broker = await client.stats_by_broker(timeout_ms=STATS_TIMEOUT_MS)
+    if all(isinstance(stats, ZBatchError) for stats in by_broker.values()):
+        for error in by_broker.values():
+            print(f"zbatch-status: {error}", file=sys.stderr)
+        return 1
+    if config.json:
+        print(json.dumps(merge_stats(by_broker), indent=2))
+        return 0
+    current: dict[str, Sample] = {}
+    previous: dict[str, Sample] = {}
+    while True:
+        now = time.monotonic()
+        for endpoint, stats in by_broker.items():
+            if not isinstance(stats, ZBatchError):
+                if endpoint in current:
+                    previous[endpoint] = current[endpoint]
+                current[endpoint] = Sample(now, stats)
+        _show("\n\n".join(_broker_frame(endpoint, answer, current.get(endpoint), previous.get(endpoint))
+                           for endpoint, answer in by_broker.items()))
+        if config.once:
+            return 0
+        await asyncio.sleep(config.refresh_ms / 1000)
+        by_broker = await client.stats_by_broker(timeout_ms=STATS_TIMEOUT_MS)
+
+
+def _broker_frame(endpoint: str, answer: dict[str, Any] | ZBatchError, current: Sample | None,
+                  previous: Sample | None) -> str:
+    if not isinstance(answer, ZBatchError):
+        assert current is not None
+        return render(endpoint, current, previous)
+    if current is None:
+        return f"zbatch broker {endpoint}  NOT ANSWERING: {answer}"
+    return f"{render(endpoint, current, None)}\n\nbroker not answering ({answer}); showing its last answer"
 
 
 def _show(frame: str) -> None:
