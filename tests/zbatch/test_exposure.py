@@ -83,7 +83,7 @@ def namespace() -> Iterator[Namespace]:
     ("broker", ["--frontend", FRONTEND]),
     ("broker", ["--backend", "tcp://0.0.0.0:15556"]),
     ("broker", ["--backend", "tcp://*:15556"]),
-    ("broker", ["--backend", f"tcp://127.0.0.1:15556,{BACKEND}"]),  # each endpoint of a list
+    ("worker", ["--backend", f"tcp://127.0.0.1:15556,{BACKEND}"]),  # each endpoint of a list
     ("worker", ["--backend", BACKEND]),
     ("gateway", ["--frontend", FRONTEND]),
     ("zbatch.tools.status", ["--frontend", FRONTEND, "--once"]),

@@ -190,8 +190,9 @@ def test_a_network_endpoint_without_curve_needs_insecure(
     assert not load([flag, "tcp://127.0.0.1:5555"], {}).insecure
 def test_brokers_are_listed_with_commas_and_each_endpoint_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     both = "tcp://10.0.0.1:5555, tcp://10.0.0.2:5555"
-    assert load_gateway_config(["--frontend", both], {}).frontend == both
-    assert load_worker_config([], {"ZBATCH_BACKEND": "tcp://a:1,tcp://b:1"}).backend == "tcp://a:1,tcp://b:1"
+    assert load_gateway_config(["--frontend", both, "--insecure"], {}).frontend == both
+    lists = {"ZBATCH_BACKEND": "tcp://a:1,tcp://b:1", "ZBATCH_INSECURE": "true"}  # a and b: network hosts
+    assert load_worker_config([], lists).backend == "tcp://a:1,tcp://b:1"
     for bad, complaint in [("tcp://a:1,b:1", "'b:1' must be a ZeroMQ endpoint"), (" , ", "at least one"),
                            ("tcp://a:1,tcp://a:1", "names a broker twice")]:
         with pytest.raises(SystemExit):
