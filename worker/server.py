@@ -36,7 +36,8 @@ from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
 from worker.metrics import worker_families
 from worker.requests import BadPayload, decode_request
-from worker.slots import ModelSlot, model_slots
+from worker.runners import InputError, check_request
+from worker.slots import ModelSlot, model_slots, ready_infos
 from zbatch.protocol import wire
 from zbatch.protocol.wire import (
     BrokerToWorkerMessage,
@@ -92,6 +93,8 @@ class WorkerServer(daemon.Service):
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
         await self._engine.start()
+        for name, slot in self.slots.items():
+            slot.details = self._engine.details.get(name, slot.details)
         self._link = BrokerLink(
             self._context, self.config.backend, self.config.identity.encode(),
             self.config.heartbeat_ms / 1000, self.config.heartbeat_liveness,
@@ -124,7 +127,7 @@ class WorkerServer(daemon.Service):
 
     def _ready_frames(self) -> list[bytes]:
         assert self._engine is not None
-        infos = tuple(slot.info for slot in self.slots.values())
+        infos = ready_infos(self.slots.values())
         ready = Ready(infos, self.config.effective_capacity, self.config.identity,
                       socketlib.gethostname(), os.getpid(), self._engine.device)
         return wire.encode_ready(ready)
@@ -171,7 +174,8 @@ class WorkerServer(daemon.Service):
             if any(s.assembler.holds(request.request_id) for s in self.slots.values()):
                 raise BadPayload("this worker already holds a job with that id")
             decoded = decode_request(request.payload, request.items, self.config.input_limits)
-        except BadPayload as exc:
+            check_request(slot.spec.task, decoded.operation, decoded.inputs)
+        except (BadPayload, InputError) as exc:
             self.logs.log("refused", logging.INFO, "refused job %s: %s", request.request_id.hex(), exc,
                           request_id=request.trace)
             self._send_replies([Reply(request.request_id, Status.BAD_REQUEST, str(exc))])
@@ -181,7 +185,7 @@ class WorkerServer(daemon.Service):
                   extra={"request_id": request.trace})
         others_held = len(slot.assembler) > 0
         slot.assembler.add(PendingRequest(request.request_id, decoded.inputs, decoded.parameters,
-                                          decoded.parameters_key, deadline, now, request.trace))
+                                          decoded.parameters_key, deadline, now, request.trace, decoded.operation))
         slot.policy.arrived(now, request.items, others_held)
         self._schedule()
 
