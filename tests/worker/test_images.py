@@ -19,7 +19,7 @@ from tests.worker.tiny_models import image_bytes, make_tiny_vit, make_tiny_yolos
 from worker.assembler import ItemFailure
 from worker.engine import run_isolated
 from worker.runners import InputError, ModelSpec, load_runner, operation_of
-from worker.runners.images import MAX_PIXELS, ImageRunner, decode_image
+from worker.runners.images import FORMATS, MAX_PIXELS, ImageRunner, decode_image
 from zbatch.protocol.wire import Status
 
 IMAGES = [image_bytes(40, 30, 1), image_bytes(64, 64, 2, "JPEG"), image_bytes(20, 50, 3, "BMP"),
@@ -127,6 +127,11 @@ def test_a_corrupt_image_fails_alone_and_the_batch_runs_once(classifier: ImageRu
     assert "cannot be decoded as an image (UnidentifiedImageError); send a JPEG, PNG" in failed[1].message
     assert "cannot be decoded as an image" in failed[3].message
     assert outcomes[0] == classifier.run(IMAGES[:1], {})[0]
+
+
+def test_the_protocol_states_the_limit_and_the_formats() -> None:
+    protocol = (Path(__file__).resolve().parents[2] / "zbatch" / "protocol" / "PROTOCOL.md").read_text()
+    assert f"at most\n  {MAX_PIXELS:,} pixels" in protocol and f"{', '.join(FORMATS[:-1])} or {FORMATS[-1]}" in protocol
 
 
 @pytest.mark.parametrize("size", [(5000, 4000), (10_000, 10_000), (100_000, 100_000)])  # ours; PIL warns; PIL refuses
