@@ -16,9 +16,9 @@ before the model runs, one at a time and bounded:
 
 The decoded images then go through the model's image processor and the model
 in one call per batch, and are post-processed as transformers' pipelines do
-it, with the same outputs.  The pipelines themselves are not used: their
-collation cannot batch detection inputs of different sizes, which the image
-processor pads together.
+it, so the outputs are the pipelines' (detections sorted best first).  The
+pipelines themselves are not used: their collation cannot batch detection
+inputs of different sizes, which the image processor pads together.
 
 * ``image-classification``: ``[{"label", "score"}, ...]``, highest first;
   ``top_k`` (default 5; null: every label) of them.
