@@ -23,7 +23,17 @@ def model_stats(model: ModelState) -> dict[str, Any]:
         "mean_batch_size": round(totals.items / totals.batches, 3) if totals.batches else 0.0,
         "cancelled_items": totals.cancelled,
         "expired_items": totals.expired,
+        "info": model_info(model),
     }
+
+
+def model_info(model: ModelState) -> dict[str, Any]:
+    """What the newest worker serving the model announced about it (PROTOCOL.md 3.4); {} with no worker."""
+    for worker in reversed(model.workers.values()):
+        for info in worker.ready.models:
+            if info.name == model.name:
+                return info.details()
+    return {}
 
 
 def worker_stats(worker: WorkerState, now: float) -> dict[str, Any]:

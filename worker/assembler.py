@@ -2,10 +2,12 @@
 
 Plain state with an injected clock and no sockets or threads.  Requests are
 split into items; a batch takes items in arrival order (a request's items
-may span batches) as long as they share the same parameters.  Items of a
-request that expired, was cancelled or already failed are skipped when the
-batch is formed, never sent to the model.  A request is answered once: when
-its last item is done, or at its first failure.
+may span batches) as long as they share the same operation and parameters.
+Items of a request that expired, was cancelled or already failed are skipped
+when the batch is formed, never sent to the model.  A request is answered
+once: when its last item is done, or at its first failure.  Its reply holds
+the outputs in input order and, when the runner counted them
+(:class:`Counted`), each input's tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.runners.spec import RUN
 from zbatch.protocol import payloads
 from zbatch.protocol.wire import Reply, Status
 
@@ -30,7 +33,9 @@ class PendingRequest:
     deadline: float
     arrived_at: float
     trace: str = ""  # the client's request id, for log lines about this request
+    operation: str = RUN
     outputs: list[Any] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
     next_item: int = 0
     done_items: int = 0
     finished: bool = False
@@ -50,6 +55,7 @@ class BatchItem:
 class Batch:
     items: tuple[BatchItem, ...]
     parameters: dict[str, Any]
+    operation: str = RUN
 
     @property
     def inputs(self) -> list[Any]:
@@ -57,11 +63,24 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class Counted:
+    """One input's output and the tokens the model took for it (the runner counted them)."""
+
+    output: Any
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class ItemFailure:
-    """What the model said about one input that could not be processed."""
+    """What the model said about one input that could not be processed.
+
+    ``per_input``: the runner refused this input alone (an image it cannot
+    decode, a text too long), so the reply names the input's index.
+    """
 
     status: Status
     message: str
+    per_input: bool = False
 
 
 class Assembler:
@@ -76,6 +95,7 @@ class Assembler:
 
     def add(self, request: PendingRequest) -> None:
         request.outputs = [None] * len(request.inputs)
+        request.tokens = [None] * len(request.inputs)
         self._queue.append(request)
         self._by_id[request.job_id] = request
         self.pending_items += len(request.inputs)
@@ -102,11 +122,12 @@ class Assembler:
                 for r in expired]
 
     def take_batch(self, max_items: int) -> Batch | None:
-        """Up to ``max_items`` items in arrival order, all with the same parameters."""
+        """Up to ``max_items`` items in arrival order, all with the same operation and parameters."""
         self._skip_finished_head()
         if not self._queue:
             return None
-        key, parameters = self._queue[0].parameters_key, self._queue[0].parameters
+        head = self._queue[0]
+        key, parameters, operation = head.parameters_key, head.parameters, head.operation
         items: list[BatchItem] = []
         for request in self._queue:
             if len(items) == max_items:
@@ -120,23 +141,26 @@ class Assembler:
             request.next_item += take
         self.pending_items -= len(items)
         self._skip_finished_head()
-        return Batch(tuple(items), parameters)
+        return Batch(tuple(items), parameters, operation)
 
     def complete(self, batch: Batch, outcomes: list[Any]) -> list[Reply]:
-        """Record one outcome per item (an output or an :class:`ItemFailure`); return finished replies."""
+        """Record one outcome per item (an output, a :class:`Counted` output or an :class:`ItemFailure`);
+        return finished replies."""
         replies: list[Reply] = []
         for item, outcome in zip(batch.items, outcomes, strict=True):
             request = item.request
             if request.finished:
                 continue
             if isinstance(outcome, ItemFailure):
-                replies.append(self._finish(request, outcome.status, outcome.message))
+                message = f"inputs[{item.index}]: {outcome.message}" if outcome.per_input else outcome.message
+                replies.append(self._finish(request, outcome.status, message))
                 continue
+            if isinstance(outcome, Counted):
+                outcome, request.tokens[item.index] = outcome.output, outcome.tokens
             request.outputs[item.index] = outcome
             request.done_items += 1
             if request.done_items == len(request.inputs):
-                payload = payloads.encode_payload({"outputs": request.outputs})
-                replies.append(self._finish(request, Status.OK, "", payload))
+                replies.append(self._finish(request, Status.OK, "", _reply_payload(request)))
         return replies
 
     def _finish(self, request: PendingRequest, status: Status, message: str, payload: bytes = b"") -> Reply:
@@ -162,3 +186,11 @@ class Assembler:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _reply_payload(request: PendingRequest) -> bytes:
+    """``{"outputs": [...]}``, with ``"tokens"`` when the runner counted every input (PROTOCOL.md 5)."""
+    body: dict[str, Any] = {"outputs": request.outputs}
+    if all(count is not None for count in request.tokens):
+        body["tokens"] = request.tokens
+    return payloads.encode_payload(body)

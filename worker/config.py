@@ -30,7 +30,8 @@ class WorkerConfig:
                           "brokers: the worker registers with each and splits its capacity)", check=check_endpoints)
     model_path: str = option("", "folder of a transformers model (default: the bundled all-MiniLM-L6-v2)")
     model_name: str = option("", "public model name (default: all-MiniLM-L6-v2, or the folder's name)")
-    task: str = option("embeddings", "'embeddings' or a transformers pipeline task such as fill-mask")
+    task: str = option("embeddings", "'embeddings', 'rerank', 'text-classification', 'image-classification', "
+                       "'object-detection' or another transformers pipeline task such as fill-mask")
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
     dtype: str = option("auto", "weights dtype (auto: float32); float16 needs CUDA; bfloat16 also suits CPUs with "
                         "AVX512-BF16 or AMX, 2-3x faster there", choices=DTYPES)

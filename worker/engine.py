@@ -7,7 +7,10 @@ The asyncio I/O loop hands it one batch at a time
 and hears back through ``call_soon_threadsafe``; it never waits on torch.
 
 A batch that raises is split in halves and retried until the failing inputs
-are alone, so one bad input fails by itself and its neighbours succeed.  On a
+are alone, so one bad input fails by itself and its neighbours succeed.  A
+runner that can tell a bad input before the model runs (an image it cannot
+decode) returns an :class:`~worker.runners.InputError` in its place instead,
+and the batch runs once without it.  On a
 CPU, :mod:`worker.threads` drops torch to one thread while other processes
 hold the cores, and goes back when they let go.
 """
@@ -23,8 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.assembler import Batch, ItemFailure
-from worker.runners import InputError, ModelSpec, Runner, load_runner
+from worker.assembler import Batch, Counted, ItemFailure
+from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
+from worker.runners.base import Operation
 from worker.threads import ThreadGovernor
 from zbatch.protocol.wire import Status
 
@@ -33,13 +37,20 @@ Outcomes = list[Any]
 Done = Callable[[str, Batch, Outcomes, float], None]
 
 
-def run_isolated(runner: Runner, inputs: list[Any], parameters: dict[str, Any]) -> Outcomes:
-    """One outcome per input: its output, or an ItemFailure if it fails even on its own."""
+def run_isolated(call: Operation, inputs: list[Any], parameters: dict[str, Any]) -> Outcomes:
+    """One outcome per input: its output (:class:`Counted` if the runner counted its tokens), or an
+    ItemFailure if it fails even on its own.
+
+    ``call`` is a runner's operation (:func:`worker.runners.operation_of`).
+    """
     try:
-        outputs = runner.run(inputs, parameters)
+        outputs = call(inputs, parameters)
         if len(outputs) != len(inputs):
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(inputs)} inputs")
-        return list(outputs)
+        tokens = getattr(outputs, "tokens", None) or [None] * len(outputs)
+        return [ItemFailure(Status.BAD_REQUEST, str(output), per_input=True) if isinstance(output, InputError)
+                else output if count is None else Counted(output, count)
+                for output, count in zip(outputs, tokens, strict=True)]
     except InputError as exc:
         if len(inputs) == 1:
             return [ItemFailure(Status.BAD_REQUEST, str(exc))]
@@ -49,7 +60,7 @@ def run_isolated(runner: Runner, inputs: list[Any], parameters: dict[str, Any]) 
             return [ItemFailure(Status.WORKER_ERROR,
                                 f"inference failed on this input ({type(exc).__name__}); see the worker log")]
     middle = len(inputs) // 2
-    return run_isolated(runner, inputs[:middle], parameters) + run_isolated(runner, inputs[middle:], parameters)
+    return run_isolated(call, inputs[:middle], parameters) + run_isolated(call, inputs[middle:], parameters)
 
 
 class InferenceThread:
@@ -60,6 +71,7 @@ class InferenceThread:
         self.specs = specs
         self.torch_threads = torch_threads
         self.device = ""
+        self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
         self._governed_threads = torch_threads
         self._loop = loop
         self._done = done
@@ -103,7 +115,7 @@ class InferenceThread:
             model, batch = work
             threads = self._use_threads(governor)
             started = time.perf_counter()
-            outcomes = run_isolated(runners[model], batch.inputs, batch.parameters)
+            outcomes = run_isolated(operation_of(runners[model], batch.operation), batch.inputs, batch.parameters)
             elapsed = time.perf_counter() - started
             self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, elapsed)
             governor.observe(threads, elapsed, runners[model].modelled_seconds)
@@ -138,6 +150,7 @@ class InferenceThread:
             log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s)", spec.name,
                      spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
         self.device = ",".join(sorted({runner.device for runner in runners.values()}))
+        self.details = {name: details_of(runner) for name, runner in runners.items()}
         return runners
 
     def _set_finished(self, error: BaseException | None) -> None:

@@ -13,7 +13,8 @@ The payload is walked, not unpacked whole (:class:`msgpack.Unpacker`):
 
 1. its size is checked against ``max_body_bytes`` before anything else;
 2. the top level must be a map of ``inputs`` (an array) and, optionally,
-   ``parameters`` (a map, or nil);
+   ``parameters`` (a map, or nil) and ``operation`` (``"run"``, the default,
+   or ``"tokenize"``: only the model's tokenizer runs);
 3. the number of inputs is read from the array header and checked against
    ``max_inputs`` and the request's ``items`` before any input is read;
 4. each input's kind is read from its first byte: a string is unpacked with
@@ -39,13 +40,14 @@ from typing import Any, Final
 
 import msgpack
 
+from worker.runners.spec import OPERATIONS, RUN
 from zbatch.protocol.payloads import decode_extension
 
 MAX_PARAMETER_BYTES: Final = 64 * 1024
 MAX_PARTS: Final = 8  # entries of one structured input
 SCALARS: Final = frozenset({"str", "bin", "int", "float", "bool", "nil"})
 UTF8_BYTES_PER_CHAR: Final = 4
-TOP_LEVEL_KEYS: Final = frozenset({"inputs", "parameters"})
+MAX_OPERATION_BYTES: Final = 32
 
 
 class BadPayload(ValueError):
@@ -65,7 +67,8 @@ class InputLimits:
 class DecodedRequest:
     inputs: list[Any]
     parameters: dict[str, Any]
-    parameters_key: bytes  # equal for equal parameters, whatever their order: batches group by it
+    parameters_key: bytes  # equal for equal operations and parameters, whatever their order: batches group by it
+    operation: str = RUN
 
 
 def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRequest:
@@ -75,17 +78,17 @@ def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRe
                          "(max_body_bytes): split the request or raise the limit")
     reader = _Reader(payload, limits)
     try:
-        inputs, parameters = reader.request(items)
+        inputs, parameters, operation = reader.request(items)
     except BadPayload:
         raise
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same
         raise BadPayload(f"the payload is not valid msgpack ({type(exc).__name__})") from None
-    return DecodedRequest(inputs, parameters, parameters_key(parameters))
+    return DecodedRequest(inputs, parameters, parameters_key(parameters, operation), operation)
 
 
-def parameters_key(parameters: dict[str, Any]) -> bytes:
-    """A canonical encoding of the parameters: keys sorted, so {a, b} and {b, a} batch together."""
-    packed: bytes = msgpack.packb(sorted(parameters.items()), use_bin_type=True, default=repr)
+def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:
+    """A canonical encoding of the operation and parameters: keys sorted, so {a, b} and {b, a} batch together."""
+    packed: bytes = msgpack.packb([operation, sorted(parameters.items())], use_bin_type=True, default=repr)
     return packed
 
 
@@ -103,25 +106,37 @@ class _Reader:
         )
         self.unpacker.feed(payload)
 
-    def request(self, items: int) -> tuple[list[Any], dict[str, Any]]:
+    def request(self, items: int) -> tuple[list[Any], dict[str, Any], str]:
         if self._kind() != "map":
             raise BadPayload("the payload must be a map with a list of 'inputs'")
         inputs: list[Any] | None = None
         parameters: dict[str, Any] = {}
+        operation = RUN
         for _ in range(self.unpacker.read_map_header()):
             key = self._small_value("a payload key", 256)
             if key == "inputs":
                 inputs = self._inputs(items)
             elif key == "parameters":
                 parameters = self._parameters()
+            elif key == "operation":
+                operation = self._operation()
             else:
-                raise BadPayload(f"unknown payload field {str(key)[:40]!r}; a payload holds 'inputs' and "
-                                 "'parameters'")
+                raise BadPayload(f"unknown payload field {str(key)[:40]!r}; a payload holds 'inputs', "
+                                 "'parameters' and 'operation'")
         if inputs is None:
             raise BadPayload("the payload must be a map with a list of 'inputs'")
         if self.unpacker.tell() != len(self.payload):
             raise BadPayload("the payload has bytes after its map")
-        return inputs, parameters
+        return inputs, parameters, operation
+
+    def _operation(self) -> str:
+        kind = self._kind()
+        operation = self._small_value("'operation'", MAX_OPERATION_BYTES) if kind in ("str", "nil") else None
+        if operation is None and kind == "nil":
+            return RUN
+        if operation not in OPERATIONS:
+            raise BadPayload(f"'operation' must be one of {', '.join(map(repr, OPERATIONS))}")
+        return str(operation)
 
     def _inputs(self, items: int) -> list[Any]:
         if self._kind() != "array":

@@ -40,8 +40,9 @@ from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
 from worker.metrics import worker_families
 from worker.requests import BadPayload, decode_request
+from worker.runners import InputError, check_request
 from worker.shares import Shares
-from worker.slots import ModelSlot, model_slots
+from worker.slots import ModelSlot, model_slots, ready_infos
 from zbatch.protocol import wire
 from zbatch.protocol.wire import (
     BrokerToWorkerMessage,
@@ -102,6 +103,8 @@ class WorkerServer(daemon.Service):
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
         await self._engine.start()
+        for name, slot in self.slots.items():
+            slot.details = self._engine.details.get(name, slot.details)
         curve = client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file)
         self._links = [self._make_link(index, endpoint, curve) for index, endpoint in enumerate(self.endpoints)]
         links = [loop.create_task(link.run()) for link in self._links]
@@ -142,7 +145,7 @@ class WorkerServer(daemon.Service):
     def _ready_frames(self, link: int) -> list[bytes]:
         """READY with the whole capacity, or (several brokers) this broker's share, at least 1 (READY's minimum)."""
         assert self._engine is not None
-        infos = tuple(slot.info for slot in self.slots.values())
+        infos = ready_infos(self.slots.values())
         several = self.shares.several
         capacity = max(1, self.shares.share(link, registering=True)) if several else self.config.effective_capacity
         ready = Ready(infos, capacity, self.config.identity, socketlib.gethostname(), os.getpid(),
@@ -229,7 +232,8 @@ class WorkerServer(daemon.Service):
             if any(s.assembler.holds(request.request_id) for s in self.slots.values()):
                 raise BadPayload("this worker already holds a job with that id")
             decoded = decode_request(request.payload, request.items, self.config.input_limits)
-        except BadPayload as exc:
+            check_request(slot.spec.task, decoded.operation, decoded.inputs)
+        except (BadPayload, InputError) as exc:
             self.logs.log("refused", logging.INFO, "refused job %s: %s", request.request_id.hex(), exc,
                           request_id=request.trace)
             self._send_replies([Reply(request.request_id, Status.BAD_REQUEST, str(exc))])
@@ -239,7 +243,7 @@ class WorkerServer(daemon.Service):
                   extra={"request_id": request.trace})
         others_held = len(slot.assembler) > 0
         slot.assembler.add(PendingRequest(request.request_id, decoded.inputs, decoded.parameters,
-                                          decoded.parameters_key, deadline, now, request.trace))
+                                          decoded.parameters_key, deadline, now, request.trace, decoded.operation))
         slot.policy.arrived(now, request.items, others_held)
         self._schedule()
 

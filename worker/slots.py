@@ -9,18 +9,21 @@ item has waited longest goes next.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from worker.assembler import Assembler
 from worker.batching import BatchPolicy
 from worker.config import WorkerConfig
-from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
-from zbatch.protocol.wire import BatchCounters, ModelInfo, Status
+from worker.runners import DEFAULT_MODEL_NAME, ModelDetails, ModelSpec, default_model_path
+from zbatch.protocol.wire import MAX_META_BYTES, BatchCounters, ModelInfo, Status, pack
 from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from zbatch.runtime.settings import parse_entries
 
 SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms"}
+LABELS_BUDGET_BYTES = MAX_META_BYTES // 2  # READY's labels, all models together; the rest of READY is small
 
 
 @dataclass(slots=True)
@@ -33,15 +36,24 @@ class ModelSlot:
     batched_items: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))  # for the metrics
     inference_times: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
+    details: ModelDetails = field(default_factory=ModelDetails)  # the loaded model's, for READY
 
     @property
     def info(self) -> ModelInfo:
-        return ModelInfo(self.spec.name, self.spec.task, self.max_batch_size)
+        return ModelInfo(self.spec.name, self.spec.task, self.max_batch_size, **dataclasses.asdict(self.details))
 
     def counters(self) -> BatchCounters:
         skipped = self.assembler.skipped_items
         return BatchCounters(self.batches, self.batched_items,
                              skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED])
+
+
+def ready_infos(slots: Iterable[ModelSlot]) -> tuple[ModelInfo, ...]:
+    """What READY says about each model; without labels if those of all models would crowd its meta frame."""
+    infos = tuple(slot.info for slot in slots)
+    if sum(len(pack(list(info.labels))) for info in infos) <= LABELS_BUDGET_BYTES:
+        return infos
+    return tuple(dataclasses.replace(info, labels=()) for info in infos)
 
 
 def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:

@@ -3,7 +3,8 @@
 Each input is a REQUEST payload, with the item count and the limits taken from
 its first bytes, so the fuzzer also explores the limits' edges.  The payload
 goes through :func:`worker.requests.decode_request` and, when it decodes,
-through the input checks every text runner applies.  :class:`BadPayload` and
+through the input checks the worker applies as a request arrives, for every
+task (texts, pairs, images) and both operations.  :class:`BadPayload` and
 :class:`InputError` are the only exceptions allowed; anything else is a
 crash, which libFuzzer saves and reports with a non-zero exit status.  Run it
 with ``scripts/fuzz/run``; ``--write-seeds DIR`` writes valid payloads.
@@ -17,16 +18,25 @@ from typing import Any
 
 import atheris
 
-with atheris.instrument_imports(include=["worker.requests", "zbatch.protocol"]):
+with atheris.instrument_imports(include=["worker.requests", "worker.runners.spec", "zbatch.protocol"]):
     import msgpack
 
     from worker.requests import BadPayload, InputLimits, decode_request
-    from worker.runners.spec import InputError, check_inputs
+    from worker.runners.spec import IMAGE_TASKS, RERANK_TASK, InputError, check_request
 
+TASKS = ("embeddings", RERANK_TASK, "text-classification", *IMAGE_TASKS, "fill-mask", "python:custom:Runner")
 SEEDS: dict[str, dict[str, Any]] = {
     "texts": {"inputs": ["hello", "world"], "parameters": {"normalize": True}},
+    "embeddings-options": {"inputs": ["a"], "parameters": {"dimensions": 8, "truncate": False,
+                                                           "truncation_direction": "left"}},
     "pairs": {"inputs": [["query", "text"], {"query": "q", "text": "t"}], "parameters": None},
+    "rerank": {"inputs": [["what is red", "the cat"], ["q", ""]], "parameters": {"raw_scores": True}},
+    "mixed-classification": {"inputs": ["a text", ["text", "pair"]], "parameters": {"top_k": None}},
     "image": {"inputs": [b"\x89PNG\r\n\x1a\n"], "parameters": {"top_k": 3}},
+    "images": {"inputs": [b"\xff\xd8\xff\xe0", b"GIF89a", b""], "parameters": {"threshold": 0.5}},
+    "tokenize": {"inputs": ["hello world"], "operation": "tokenize", "parameters": {"add_special_tokens": False}},
+    "run": {"operation": "run", "inputs": ["x"]},
+    "nil-operation": {"inputs": ["x"], "operation": None, "parameters": None},
     "nested-parameters": {"inputs": ["a"], "parameters": {"candidate_labels": ["x", "y"], "multi_label": False}},
 }
 
@@ -43,10 +53,12 @@ def test_one_input(data: bytes) -> None:
     assert len(request.inputs) == items <= max_inputs
     assert all(len(text) <= max_chars for text in request.inputs if isinstance(text, str))
     assert all(isinstance(key, str) for key in request.parameters)
-    try:
-        check_inputs(request.inputs)
-    except InputError:
-        pass
+    assert request.operation in ("run", "tokenize")
+    for task in TASKS:
+        try:
+            check_request(task, request.operation, request.inputs)
+        except InputError:
+            pass
 
 
 def write_seeds(directory: Path) -> None:

@@ -337,6 +337,23 @@ def test_stats_report_batches_from_heartbeats(clock: FakeClock) -> None:
     assert stats["workers"][0]["free_credit"] == 4
 
 
+def test_stats_show_what_the_newest_worker_announced_about_each_model(clock: FakeClock) -> None:
+    core = make_core(clock)
+    ready(core, b"W1")
+    info = ModelInfo(MODEL, "text-classification", 8, max_length=512, dtype="float32", labels=("neg", "pos"))
+    core.worker_message(b"W2", wire.encode_ready(Ready((info,), 4, "w2")))
+    core.client_message(b"C", wire.encode_stats_query(b"s"))
+    [reply] = client_replies(take(core))
+    assert payloads.decode_payload(reply.payload)["models"][MODEL]["info"] == {
+        "task": "text-classification", "max_batch_size": 8, "max_length": 512, "dtype": "float32",
+        "labels": ["neg", "pos"]}
+    core.worker_message(b"W1", wire.encode_disconnect())
+    core.worker_message(b"W2", wire.encode_disconnect())
+    core.client_message(b"C", wire.encode_stats_query(b"t"))
+    [reply] = client_replies(take(core))
+    assert payloads.decode_payload(reply.payload)["models"][MODEL]["info"] == {}
+
+
 def test_drain_refuses_new_work_and_abandon_answers_the_rest(clock: FakeClock) -> None:
     core = make_core(clock, no_worker_grace_ms=10_000)
     send(core, b"held")

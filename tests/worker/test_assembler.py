@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.assembler import Assembler, ItemFailure, PendingRequest
+from worker.assembler import Assembler, Counted, ItemFailure, PendingRequest
+from worker.requests import parameters_key
 from zbatch.protocol import payloads
 from zbatch.protocol.wire import Status
 
@@ -90,3 +91,47 @@ def test_skipped_items_are_counted_by_reason() -> None:
     a.cancel(b"a")
     a.expire(now=2.0)
     assert a.skipped_items == {Status.CANCELLED: 2, Status.DEADLINE_EXCEEDED: 3}
+
+
+def test_token_counts_join_the_reply_when_the_runner_counted_every_input() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 2))
+    a.add(pending(b"b", 1))
+    batch = a.take_batch(3)
+    assert batch is not None
+    counted, plain = a.complete(batch, [Counted("out-0", 5), Counted("out-1", 7), "uncounted"])
+    assert payloads.decode_payload(counted.payload) == {"outputs": ["out-0", "out-1"], "tokens": [5, 7]}
+    assert payloads.decode_payload(plain.payload) == {"outputs": ["uncounted"]}
+
+
+def test_counted_outputs_give_one_count_per_input_in_order() -> None:
+    a = Assembler()
+    a.add(pending(b"a", 3))
+    first, second = a.take_batch(2), a.take_batch(2)
+    assert first is not None and second is not None
+    assert a.complete(second, [Counted("out-2", 9)]) == []
+    [reply] = a.complete(first, [Counted("out-0", 4), Counted("out-1", 6)])
+    assert payloads.decode_payload(reply.payload) == {"outputs": ["out-0", "out-1", "out-2"], "tokens": [4, 6, 9]}
+
+
+def test_an_input_refused_alone_is_named_by_its_index_in_the_request() -> None:
+    a = Assembler()
+    a.add(pending(b"ok", 1))
+    a.add(pending(b"bad", 3))
+    batch = a.take_batch(8)
+    assert batch is not None
+    refused = ItemFailure(Status.BAD_REQUEST, "the image is too large", per_input=True)
+    replies = a.complete(batch, ["fine", "fine", "fine", refused])
+    assert [(r.request_id, r.status, r.message) for r in replies] == [
+        (b"ok", Status.OK, ""), (b"bad", Status.BAD_REQUEST, "inputs[2]: the image is too large")]
+
+
+def test_operations_never_share_a_batch() -> None:
+    a = Assembler()
+    for job_id, operation in ((b"run", "run"), (b"tokens", "tokenize"), (b"run-2", "run")):
+        request = pending(job_id, 1)
+        request.operation, request.parameters_key = operation, parameters_key({}, operation)
+        a.add(request)
+    batches = [a.take_batch(8) for _ in range(3)]
+    assert [(b.operation, b.inputs) for b in batches if b is not None] == [
+        ("run", ["run-0"]), ("tokenize", ["tokens-0"]), ("run", ["run-2-0"])]

@@ -29,7 +29,7 @@ def test_off_runs_one_pass_and_on_again_uses_the_calibrated_plan(
         plans.append((model, len(groups)))
         return groups
 
-    monkeypatch.setattr("worker.runners.embeddings.plan_groups", spy)
+    monkeypatch.setattr("worker.runners.text.plan_groups", spy)
     grouped = runner.run(TEXTS, {})
     runner.set_length_grouping(False)
     try:

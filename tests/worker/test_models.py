@@ -161,15 +161,18 @@ def test_fill_mask_rejects_bad_requests(fill_mask: Runner, inputs: list[Any], pa
         fill_mask.run(inputs, parameters)
 
 
-def test_text_classification_returns_label_and_score(tiny_dir: Path) -> None:
+def test_text_classification_returns_every_label_and_score_highest_first(tiny_dir: Path) -> None:
+    """Issue 24 changed the default from the best label alone to every label (TEI's /predict)."""
     runner = _pipeline(tiny_dir, "text-classification")
     long_text = "hello world " * 200  # longer than the 128 positions: must be truncated, not crash
     results = runner.run(["hello world", "test", long_text], {})
     assert len(results) == 3
     for result in results:
-        assert result["label"] in {"negative", "positive"}
-        assert type(result["score"]) is float
+        assert {label["label"] for label in result} == {"negative", "positive"}
+        assert all(type(label["score"]) is float for label in result)
+        assert result[0]["score"] >= result[1]["score"]
     assert len(runner.run(["hello"], {"top_k": None})[0]) == 2
+    assert len(runner.run(["hello"], {"top_k": 1})[0]) == 1
     with pytest.raises(InputError, match="'bogus'"):
         runner.run(["hello"], {"bogus": True})
 
@@ -226,7 +229,7 @@ def test_unknown_task_is_rejected(tiny_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown task 'summarise'.*'embeddings'.*pipeline task"):
         load_runner(ModelSpec("x", path, task="summarise"))
     with pytest.raises(ValueError, match="plain-text inputs"):
-        load_runner(ModelSpec("x", path, task="image-classification"))
+        load_runner(ModelSpec("x", path, task="image-segmentation"))  # image-classification has a runner now
 
 
 def test_missing_model_folder_is_rejected(tmp_path: Path) -> None:

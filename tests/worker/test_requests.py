@@ -46,6 +46,27 @@ def test_each_refusal_names_what_is_wrong(body: Any, items: int, complaint: str)
     assert complaint in str(refusal.value)
 
 
+def test_the_operation_is_run_by_default_or_tokenize_and_never_shares_a_batch_key() -> None:
+    run = decode_request(pack({"inputs": ["a"], "parameters": {"x": 1}}), 1, LIMITS)
+    explicit = decode_request(pack({"inputs": ["a"], "parameters": {"x": 1}, "operation": "run"}), 1, LIMITS)
+    nil = decode_request(pack({"operation": None, "inputs": ["a"], "parameters": {"x": 1}}), 1, LIMITS)
+    tokenize = decode_request(pack({"operation": "tokenize", "inputs": ["a"], "parameters": {"x": 1}}), 1, LIMITS)
+    assert run.operation == explicit.operation == nil.operation == "run" and tokenize.operation == "tokenize"
+    assert run.parameters_key == explicit.parameters_key == nil.parameters_key != tokenize.parameters_key
+
+
+@pytest.mark.parametrize("operation", ["embed", "", 1, ["run"], "x" * 40])
+def test_an_unknown_operation_is_refused(operation: Any) -> None:
+    with pytest.raises(BadPayload, match="'operation'"):
+        decode_request(pack({"inputs": ["a"], "operation": operation}), 1, LIMITS)
+
+
+def test_pairs_and_images_are_inputs_too() -> None:
+    image = b"\x89PNG" + bytes(range(256)) * 4
+    decoded = decode_request(pack({"inputs": [["query", "text"], image]}), 2, LIMITS)
+    assert decoded.inputs == [["query", "text"], image]
+
+
 def test_parameters_are_bounded_before_they_are_built() -> None:
     body = {"inputs": ["a"], "parameters": {"x": ["y" * 100] * (MAX_PARAMETER_BYTES // 100)}}
     with pytest.raises(BadPayload, match=f"the limit is {MAX_PARAMETER_BYTES}"):
@@ -82,7 +103,8 @@ values = st.recursive(st.none() | st.booleans() | INT64 | st.floats() | st.text(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(["inputs", "parameters", "other"]), values, max_size=3), st.integers(0, 8))
+@given(st.dictionaries(st.sampled_from(["inputs", "parameters", "operation", "other"]), values | st.sampled_from(
+    ["run", "tokenize"]), max_size=4), st.integers(0, 8))
 def test_random_structures_decode_within_the_limits_or_raise_bad_payload(body: dict[str, Any], items: int) -> None:
     try:
         request = decode_request(pack(body), items, LIMITS)

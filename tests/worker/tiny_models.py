@@ -1,4 +1,7 @@
-"""Build tiny, randomly initialised BERT models on disk so tests never touch the network.
+"""Build tiny, randomly initialised models on disk so tests never touch the network.
+
+BERT with any head (a cross-encoder for ``rerank`` too), GPT-2, a ViT image
+classifier and a YOLOS object detector (no timm), and images made by Pillow.
 
 Plain functions (no pytest imports) so any test module or script can reuse them;
 wrap them in session-scoped fixtures via ``tmp_path_factory``.
@@ -17,7 +20,8 @@ WORDS = (
     "worker broker zero one two three"
 ).split()
 ID2LABEL = {0: "negative", 1: "positive"}
-HEADS = ("fill-mask", "text-classification", "token-classification", "feature-extraction")
+HEADS = ("fill-mask", "text-classification", "token-classification", "feature-extraction", "rerank")
+IMAGE_LABELS = {0: "cat", 1: "dog", 2: "bird"}
 
 
 def write_vocab(folder: Path) -> Path:
@@ -31,8 +35,9 @@ def write_vocab(folder: Path) -> Path:
 def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
     """Save a tiny BERT with the given pipeline head (plus its tokenizer) and return the folder path.
 
-    ``head`` is one of HEADS; "feature-extraction" saves a bare BertModel. Weights are
-    seeded, so the same call always yields the same model.
+    ``head`` is one of HEADS; "feature-extraction" saves a bare BertModel, "rerank" a
+    cross-encoder (a sequence classifier with one label). Weights are seeded, so the
+    same call always yields the same model.
     """
     import torch
     from transformers import (
@@ -49,6 +54,7 @@ def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
         "text-classification": BertForSequenceClassification,
         "token-classification": BertForTokenClassification,
         "feature-extraction": BertModel,
+        "rerank": BertForSequenceClassification,
     }
     if head not in classes:
         raise ValueError(f"unknown head {head!r}; use one of {', '.join(HEADS)}")
@@ -66,9 +72,7 @@ def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
         num_attention_heads=2,
         intermediate_size=37,
         max_position_embeddings=128,
-        num_labels=len(ID2LABEL),
-        id2label=dict(ID2LABEL),
-        label2id={label: i for i, label in ID2LABEL.items()},
+        **_labels({0: "LABEL_0"} if head == "rerank" else ID2LABEL),
     )
     torch.manual_seed(0)
     model = classes[head](config).eval()
@@ -98,3 +102,56 @@ def make_tiny_gpt2(tmp_path: Path | str) -> str:
     GPT2LMHeadModel(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def _labels(id2label: dict[int, str]) -> dict[str, object]:
+    return {"num_labels": len(id2label), "id2label": dict(id2label),
+            "label2id": {label: i for i, label in id2label.items()}}
+
+
+def make_tiny_vit(tmp_path: Path | str) -> str:
+    """Save a tiny ViT image classifier (32x32 inputs, labels cat, dog, bird) and its image processor."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    folder = Path(tmp_path) / "tiny-vit"
+    shutil.rmtree(folder, ignore_errors=True)
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=37, **_labels(IMAGE_LABELS))
+    torch.manual_seed(0)
+    ViTForImageClassification(config).eval().save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return str(folder)
+
+
+def make_tiny_yolos(tmp_path: Path | str) -> str:
+    """Save a tiny YOLOS object detector (5 detection tokens, labels cat, dog, bird) and its image processor.
+
+    Its processor resizes to 32 to 64 pixels and pads a batch to its largest image, so images of
+    different shapes share one forward pass.
+    """
+    import torch
+    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
+
+    folder = Path(tmp_path) / "tiny-yolos"
+    shutil.rmtree(folder, ignore_errors=True)
+    config = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=37, num_detection_tokens=5,
+                         use_mid_position_embeddings=False, **_labels(IMAGE_LABELS))
+    torch.manual_seed(0)
+    YolosForObjectDetection(config).eval().save_pretrained(folder)
+    YolosImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
+    return str(folder)
+
+
+def image_bytes(width: int, height: int, seed: int = 0, image_format: str = "PNG") -> bytes:
+    """An image file of random pixels, made by Pillow."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(pixels).save(encoded, format=image_format)
+    return encoded.getvalue()

@@ -52,6 +52,36 @@ def test_worker_messages_round_trip() -> None:
     assert wire.decode_worker_message(wire.encode_disconnect("bye")) == Disconnect("bye")
 
 
+def test_ready_carries_what_the_dialects_need_to_know_about_a_model() -> None:
+    info = ModelInfo("e", "embeddings", 32, max_length=256, dimensions=384, dtype="float32")
+    labelled = ModelInfo("c", "text-classification", 8, 512, None, "bfloat16", ("negative", "positive"))
+    ready = Ready((info, labelled), 64)
+    assert wire.decode_worker_message(wire.encode_ready(ready)) == ready
+    meta = msgpack.unpackb(wire.encode_ready(Ready((ModelInfo("m", "t", 1),), 1))[1])
+    assert meta["models"] == [{"name": "m", "task": "t", "max_batch_size": 1}]  # unknowns are not sent
+
+
+@pytest.mark.parametrize(("extra", "complaint"), [
+    ({"max_length": 0}, "max_length must be 1 to"),
+    ({"max_length": 2**24 + 1}, "max_length must be 1 to"),
+    ({"dimensions": "384"}, "'dimensions' must be of type int"),
+    ({"dimensions": 2**20 + 1}, "dimensions must be 1 to"),
+    ({"dtype": "float\n32"}, "dtype must have"),
+    ({"dtype": "x" * 33}, "dtype must have"),
+    ({"labels": "a,b"}, "'labels' must be of type list"),
+    ({"labels": ["a"] * 257}, "at most 256 labels"),
+    ({"labels": ["a", 1]}, "labels must be strings"),
+    ({"labels": ["a", ""]}, "a label must have"),
+    ({"labels": ["x" * 129]}, "a label must have"),
+    ({"colour": "red"}, "unknown field(s): colour"),
+])
+def test_ready_model_details_are_decoded_strictly(extra: dict[str, object], complaint: str) -> None:
+    model = {"name": "m", "task": "t", "max_batch_size": 1} | extra
+    with pytest.raises(ProtocolError) as refusal:
+        wire.decode_worker_message([wire.HEADERS[Command.READY], _meta(models=[model], capacity=4)])
+    assert complaint in str(refusal.value)
+
+
 def test_client_control_messages() -> None:
     assert wire.decode_client_message(wire.encode_cancel(b"r1")) == Cancel(b"r1")
     assert wire.decode_client_message(wire.encode_stats_query(b"r2")) == StatsQuery(b"r2")

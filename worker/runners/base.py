@@ -5,13 +5,28 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from worker.runners import device as devices
+from worker.runners.classify import SequenceClassifier
 from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.images import ImageRunner
 from worker.runners.pipeline import PipelineRunner
-from worker.runners.spec import CUSTOM_TASK_PREFIX, EMBEDDINGS_TASK, ModelSpec
+from worker.runners.spec import (
+    CLASSIFICATION_TASKS,
+    CUSTOM_TASK_PREFIX,
+    EMBEDDINGS_TASK,
+    IMAGE_TASKS,
+    RERANK_TASK,
+    TOKENIZE,
+    InputError,
+    ModelDetails,
+    ModelSpec,
+)
+
+Operation = Callable[[list[Any], dict[str, Any]], list[Any]]
 
 log = logging.getLogger("zbatch.worker")
 
@@ -19,10 +34,20 @@ log = logging.getLogger("zbatch.worker")
 class Runner(Protocol):
     """A loaded model, driven by the inference thread (:mod:`worker.engine`) and nothing else.
 
-    ``run`` returns one msgpack-friendly output per input, in input order, and
-    raises :class:`~worker.runners.spec.InputError` for inputs the caller can fix.
+    ``run`` returns one result per input, in input order: a msgpack-friendly
+    output, or an :class:`~worker.runners.spec.InputError` for an input the
+    caller must fix (the others still get their outputs).  A text runner
+    returns them as :class:`~worker.runners.spec.Outputs` with the tokens each
+    input took.  ``run`` raises InputError when the whole batch is unusable
+    (bad parameters, say).
     ``modelled_seconds`` is the cost hint for the thread governor: what the last
     batch took at calibration on the full thread count (0 when unknown).
+
+    A runner MAY also have ``details`` (:class:`~worker.runners.spec.ModelDetails`,
+    for READY) and a ``tokenize(inputs, parameters)`` method for the
+    ``tokenize`` operation, whose outputs are the tokens of each input
+    (PROTOCOL.md section 5) and which never calls the model; :func:`details_of`
+    and :func:`operation_of` read them, so a runner without them still serves.
     """
 
     spec: ModelSpec
@@ -34,6 +59,26 @@ class Runner(Protocol):
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]: ...
 
 
+def operation_of(runner: Runner, operation: str) -> Operation:
+    """The runner's method for a request's ``operation``; one that refuses every batch if it has none."""
+    if operation != TOKENIZE:
+        return runner.run
+    tokenize: Operation | None = getattr(runner, "tokenize", None)
+    if tokenize is not None:
+        return tokenize
+    message = f"model {runner.spec.name!r} has no tokenizer; the 'tokenize' operation works on text models"
+
+    def refuse(inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        raise InputError(message)
+
+    return refuse
+
+
+def details_of(runner: Runner) -> ModelDetails:
+    details = getattr(runner, "details", None)
+    return details if isinstance(details, ModelDetails) else ModelDetails()
+
+
 def runner_class(task: str) -> Any:
     """Built-in runners, or ``python:package.module:Class`` for a runner of your own.
 
@@ -42,6 +87,10 @@ def runner_class(task: str) -> Any:
     """
     if task == EMBEDDINGS_TASK:
         return EmbeddingRunner
+    if task == RERANK_TASK or task in CLASSIFICATION_TASKS:
+        return SequenceClassifier
+    if task in IMAGE_TASKS:
+        return ImageRunner
     if not task.startswith(CUSTOM_TASK_PREFIX):
         return PipelineRunner
     module_name, _, class_name = task.removeprefix(CUSTOM_TASK_PREFIX).partition(":")

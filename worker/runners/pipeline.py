@@ -1,8 +1,15 @@
-"""Any string-input transformers pipeline as a runner: one pipeline call per batch.
+"""Any other string-input transformers pipeline as a runner: one pipeline call per batch.
 
 The tables say which parameters each pipeline really takes, which it needs,
 and what warm-up must pass, so bad parameters are refused with a message that
 names them instead of being dropped silently.
+
+Outputs carry each input's token count.  The pipeline tokenizes inside, out
+of reach, so the count takes one more tokenizer call per batch (about a
+millisecond for 32 texts): the input as the tokenizer encodes it alone, with
+special tokens, truncated where the pipeline truncates (feature-extraction);
+zero-shot-classification's count is its text's, not the pairs it forms with
+each candidate label.
 """
 
 from __future__ import annotations
@@ -11,33 +18,45 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.runners.spec import EMBEDDINGS_TASK, InputError, ModelSpec, check_inputs, quoted_names
+from worker.runners.spec import (
+    EMBEDDINGS_TASK,
+    IMAGE_TASKS,
+    RERANK_TASK,
+    InputError,
+    ModelDetails,
+    ModelSpec,
+    Outputs,
+    announced_labels,
+    check_inputs,
+    quoted_names,
+)
+from worker.runners.text import dtype_name, model_max_length, tokenize_texts
 
 if TYPE_CHECKING:
     import torch
 
-# Pipeline tasks whose inputs are plain strings, so they fit the list[str] request contract.
+# Pipeline tasks whose inputs are plain strings, so they fit the list[str] request contract
+# (text-classification has a runner of its own: worker.runners.classify).
 PIPELINE_TASKS = (
     "feature-extraction",
     "fill-mask",
-    "text-classification",
     "text-generation",
     "token-classification",
     "zero-shot-classification",
 )
+OWN_RUNNER_TASKS = (EMBEDDINGS_TASK, RERANK_TASK, "text-classification", *IMAGE_TASKS)
+LABELLED_TASKS = ("token-classification",)  # whose labels READY announces
 # The worker owns batching; letting callers set these would break the one-output-per-input contract.
 _RESERVED_PARAMETERS = frozenset({"batch_size", "num_workers"})
 # Without truncation, inputs longer than the model's positions crash the forward pass. fill-mask is
 # left alone: truncating could silently drop the mask, so an over-long input stays a model error.
 _DEFAULT_PARAMETERS: dict[str, dict[str, Any]] = {
     "feature-extraction": {"truncation": True, "return_tensors": True},  # tensors skip a .tolist() round trip
-    "text-classification": {"truncation": True},
 }
 # What pipelines with a **kwargs catch-all really use; they silently drop every other key.
 # Pipelines absent here either take no catch-all or validate it themselves (generate() does).
 _CATCH_ALL_PARAMETERS: dict[str, frozenset[str]] = {
     "feature-extraction": frozenset(),
-    "text-classification": frozenset({"truncation", "max_length", "padding", "add_special_tokens"}),
     "zero-shot-classification": frozenset({"candidate_labels", "hypothesis_template", "multi_label"}),
 }
 # The pipeline fails with an unhelpful message when these are missing.
@@ -67,6 +86,9 @@ class PipelineRunner:
             tokenizer.pad_token = tokenizer.eos_token
             tokenizer.padding_side = "left"
         self._accepted = _accepted_parameters(self._pipe, self.task)
+        config = self._pipe.model.config
+        self.details = ModelDetails(model_max_length(tokenizer, config), dtype=dtype_name(self._pipe.model.dtype),
+                                    labels=announced_labels(config.id2label) if self.task in LABELLED_TASKS else ())
 
     def warm_up(self) -> None:
         """Run a one-item batch that every model of this task can answer."""
@@ -74,6 +96,9 @@ class PipelineRunner:
         if self.task == "fill-mask":
             text = f"hello {self._pipe.tokenizer.mask_token}"
         self.run([text], dict(_WARMUP_PARAMETERS.get(self.task, {})))
+
+    def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        return tokenize_texts(self._pipe.tokenizer, inputs, parameters)
 
     def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
         """Call the pipeline once for the whole batch; bad parameters or inputs become InputError."""
@@ -96,16 +121,17 @@ class PipelineRunner:
             results = [results]  # FillMaskPipeline unwraps one-element lists; undo that.
         if len(results) != len(inputs):
             raise RuntimeError(f"{self.task} returned {len(results)} outputs for {len(inputs)} inputs")
+        # exactly what feature-extraction's preprocess() uses; other pipelines: the input encoded alone
+        tokenize_kwargs = self._pipe._sanitize_parameters(**kwargs)[0] if self.task == "feature-extraction" else {}
+        lengths = [len(ids) for ids in self._pipe.tokenizer(inputs, **tokenize_kwargs)["input_ids"]]
         if self.task == "feature-extraction":
-            return self._unpad(inputs, kwargs, results)
-        return [_plain(result) for result in results]
+            return Outputs(self._unpad(lengths, results), lengths)
+        return Outputs([_plain(result) for result in results], lengths)
 
-    def _unpad(self, inputs: list[str], kwargs: dict[str, Any], results: list[Any]) -> list[np.ndarray]:
+    def _unpad(self, lengths: list[int], results: list[Any]) -> list[np.ndarray]:
         """Cut off the batch padding that feature-extraction leaves on every row."""
         import torch
 
-        tokenize_kwargs = self._pipe._sanitize_parameters(**kwargs)[0]  # exactly what preprocess() uses
-        lengths = [len(ids) for ids in self._pipe.tokenizer(inputs, **tokenize_kwargs)["input_ids"]]
         left = self._pipe.tokenizer.padding_side == "left"
         # Each result is [1][tokens][hidden] (a tensor, or nested lists if return_tensors=False).
         arrays = [
@@ -139,12 +165,12 @@ def _pipeline_task(task: str) -> str:
         canonical = check_task(task)[0]
     except KeyError:
         raise ValueError(
-            f"unknown task {task!r}: use {EMBEDDINGS_TASK!r} or a transformers pipeline task "
-            f"({', '.join(PIPELINE_TASKS)})"
+            f"unknown task {task!r}: use {', '.join(map(repr, OWN_RUNNER_TASKS))} or a transformers pipeline "
+            f"task ({', '.join(PIPELINE_TASKS)})"
         ) from None
     if canonical not in PIPELINE_TASKS:
         raise ValueError(
-            f"task {task!r} does not take plain-text inputs; zbatch serves {EMBEDDINGS_TASK!r} and "
+            f"task {task!r} does not take plain-text inputs; zbatch serves {', '.join(OWN_RUNNER_TASKS)} and "
             f"{', '.join(PIPELINE_TASKS)}"
         )
     return str(canonical)

@@ -1,15 +1,30 @@
-"""What a worker serves and what every runner shares: the model spec, input checks, the default model."""
+"""What a worker serves and what every runner shares: the model spec, input checks, the default model.
+
+Also the shape of a runner's results: a list of outputs that may carry each
+input's token count (:class:`Outputs`), where an input the caller must fix
+has an :class:`InputError` in place of its output, so the rest of its batch
+still runs.
+"""
 
 from __future__ import annotations
 
+import enum
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
+
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 EMBEDDINGS_TASK = "embeddings"
+RERANK_TASK = "rerank"
+CLASSIFICATION_TASKS = frozenset({"text-classification", "sentiment-analysis"})  # the second: its old alias
+IMAGE_TASKS = ("image-classification", "object-detection")
 CUSTOM_TASK_PREFIX = "python:"
+RUN, TOKENIZE = "run", "tokenize"  # a request's operations: run the model, or only its tokenizer
+OPERATIONS = (RUN, TOKENIZE)
 
 
 class InputError(ValueError):
@@ -45,10 +60,91 @@ def quoted_names(keys: list[str]) -> str:
     return ", ".join(map(repr, keys))
 
 
-def check_inputs(inputs: Any) -> None:
-    """Reject anything but a non-empty list of strings before it reaches a tokenizer."""
+class Outputs(list[Any]):
+    """A runner's outputs, one per input, and the tokens the model took for each input when the runner counts
+    them: after truncation, special tokens included.  A plain list to a caller that wants only the outputs."""
+
+    def __init__(self, outputs: Iterable[Any] = (), tokens: list[int] | None = None) -> None:
+        super().__init__(outputs)
+        self.tokens = tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDetails:
+    """What a loaded model tells the HTTP dialects about itself (READY's optional model keys); empty: unknown."""
+
+    max_length: int | None = None
+    dimensions: int | None = None
+    dtype: str = ""
+    labels: tuple[str, ...] = ()
+
+
+def announced_labels(id2label: dict[int, Any] | None) -> tuple[str, ...]:
+    """A classifier's labels by id, as READY may carry them; none if there are too many, or too long ones."""
+    labels = tuple(str(label) for _, label in sorted((id2label or {}).items()))
+    fits = len(labels) <= MAX_LABELS and all(0 < len(label) <= MAX_LABEL_CHARS and label.isprintable()
+                                             for label in labels)
+    return labels if fits else ()
+
+
+class InputKind(enum.Enum):
+    """What one input of a task must be; the value says it to a caller who sent something else."""
+
+    TEXT = "strings"
+    PAIR = "[query, text] pairs: arrays of two strings"
+    TEXT_OR_PAIR = "strings, or [text, text_pair] arrays of two strings"
+    IMAGE = "images: the bytes of an image file (msgpack bin), such as a JPEG or a PNG"
+    ANY = "any inputs"
+
+    def accepts(self, value: Any) -> bool:
+        if self is InputKind.TEXT:
+            return isinstance(value, str)
+        if self is InputKind.PAIR:
+            return is_pair(value)
+        if self is InputKind.TEXT_OR_PAIR:
+            return isinstance(value, str) or is_pair(value)
+        if self is InputKind.IMAGE:
+            return isinstance(value, bytes)
+        return True
+
+
+def is_pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(text, str) for text in value)
+
+
+def input_kind(task: str, operation: str = RUN) -> InputKind:
+    """What the inputs of ``task`` must be (a runner of your own checks its own)."""
+    if operation == TOKENIZE:
+        return InputKind.TEXT
+    if task == RERANK_TASK:
+        return InputKind.PAIR
+    if task in CLASSIFICATION_TASKS:
+        return InputKind.TEXT_OR_PAIR
+    if task in IMAGE_TASKS:
+        return InputKind.IMAGE
+    return InputKind.ANY if task.startswith(CUSTOM_TASK_PREFIX) else InputKind.TEXT
+
+
+def check_request(task: str, operation: str, inputs: list[Any]) -> None:
+    """Refuse a request for ``task`` whose inputs are not of the kind it takes, naming the first one that is not.
+
+    The worker calls this as a request arrives, so the index is the request's own.
+    """
+    if operation == TOKENIZE and task in IMAGE_TASKS:
+        raise InputError(f"{task} models have no tokenizer; the 'tokenize' operation works on text models")
+    check_inputs(inputs, input_kind(task, operation), task if operation == RUN else f"'{operation}'")
+
+
+def check_inputs(inputs: Any, kind: InputKind = InputKind.TEXT, task: str = "this task") -> None:
+    """Reject anything but a non-empty list of inputs of ``kind`` before it reaches a tokenizer or a decoder."""
     if not isinstance(inputs, list) or not inputs:
-        raise InputError("inputs must be a non-empty list of strings")
-    for i, text in enumerate(inputs):
-        if not isinstance(text, str):
-            raise InputError(f"inputs[{i}] is {type(text).__name__}, but every input must be a string")
+        raise InputError(f"inputs must be a non-empty list of {kind.value}")
+    for i, value in enumerate(inputs):
+        if not kind.accepts(value):
+            raise InputError(f"inputs[{i}] is {_kind_of(value)}; {task} takes {kind.value}")
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, list):
+        return f"an array of {len(value)} item(s): {', '.join(type(item).__name__ for item in value)}"
+    return type(value).__name__

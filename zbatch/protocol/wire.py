@@ -51,6 +51,12 @@ MAX_CAPACITY: Final = 65_536  # items one worker may hold in flight
 MAX_COUNTER: Final = 2**48  # a heartbeat's batch counters (years of work at a million items a second)
 MAX_PID: Final = 2**32
 MAX_RETRY_AFTER_MS: Final = 3_600_000
+MAX_MODEL_LENGTH: Final = 2**24  # a model's most input tokens, as READY may announce it
+MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
+MAX_DTYPE_CHARS: Final = 32
+MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
+MAX_LABEL_CHARS: Final = 128
+MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels"})
 # Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
 
 
@@ -122,9 +128,28 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """One model a worker serves, as READY announces it (PROTOCOL.md 3.4).
+
+    The optional fields are what HTTP dialects tell their callers about a
+    model; None, "" and () mean unknown, and are not sent.
+    """
+
     name: str
     task: str
     max_batch_size: int
+    max_length: int | None = None  # most input tokens
+    dimensions: int | None = None  # numbers in one embedding
+    dtype: str = ""  # the weights' dtype, such as "float32"
+    labels: tuple[str, ...] = ()  # a classifier's labels, by id
+
+    def details(self) -> dict[str, Any]:
+        """The fields after the name, without the unknown ones: READY's model map and STATS' ``info``."""
+        details: dict[str, Any] = {"task": self.task, "max_batch_size": self.max_batch_size}
+        for key, value in (("max_length", self.max_length), ("dimensions", self.dimensions),
+                           ("dtype", self.dtype), ("labels", list(self.labels))):
+            if value:
+                details[key] = value
+        return details
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,10 +244,7 @@ def encode_reply(reply: Reply) -> list[bytes]:
 
 def encode_ready(ready: Ready) -> list[bytes]:
     meta = {
-        "models": [
-            {"name": m.name, "task": m.task, "max_batch_size": m.max_batch_size}
-            for m in ready.models
-        ],
+        "models": [{"name": m.name, **m.details()} for m in ready.models],
         "capacity": ready.capacity,
         "name": ready.name,
         "host": ready.host,
@@ -415,13 +437,37 @@ def _decode_ready(frames: list[bytes]) -> Ready:
 def _decode_model_info(raw: Any) -> ModelInfo:
     if not isinstance(raw, dict):
         raise ProtocolError("each model in READY must be a map")
-    _only_keys(raw, {"name", "task", "max_batch_size"})
+    _only_keys(raw, MODEL_INFO_KEYS)
     name = _check_name(_field(raw, "name", str), "model name")
     task = _check_name(_field(raw, "task", str), "task")
-    batch = _field(raw, "max_batch_size", int)
-    if not 1 <= batch <= MAX_CAPACITY:
-        raise ProtocolError(f"max_batch_size must be 1 to {MAX_CAPACITY}")
-    return ModelInfo(name=name, task=task, max_batch_size=batch)
+    batch = _bounded(_field(raw, "max_batch_size", int), "max_batch_size", MAX_CAPACITY)
+    max_length = _optional(raw, "max_length", int)
+    dimensions = _optional(raw, "dimensions", int)
+    dtype: str = _optional(raw, "dtype", str) or ""
+    if dtype:
+        _check_text(dtype, "dtype", MAX_DTYPE_CHARS)
+    labels = _optional(raw, "labels", list) or []
+    if len(labels) > MAX_LABELS:
+        raise ProtocolError(f"a model has at most {MAX_LABELS} labels in READY")
+    for label in labels:
+        if not isinstance(label, str):
+            raise ProtocolError("labels must be strings")
+        _check_text(label, "a label", MAX_LABEL_CHARS)
+    return ModelInfo(name, task, batch,
+                     None if max_length is None else _bounded(max_length, "max_length", MAX_MODEL_LENGTH),
+                     None if dimensions is None else _bounded(dimensions, "dimensions", MAX_DIMENSIONS),
+                     dtype, tuple(labels))
+
+
+def _bounded(value: int, what: str, maximum: int) -> int:
+    if not 1 <= value <= maximum:
+        raise ProtocolError(f"{what} must be 1 to {maximum}")
+    return value
+
+
+def _check_text(value: str, what: str, maximum: int) -> None:
+    if not 1 <= len(value) <= maximum or not value.isprintable():
+        raise ProtocolError(f"{what} must have 1 to {maximum} printable characters")
 
 
 def _decode_heartbeat(frames: list[bytes]) -> Heartbeat:
@@ -469,8 +515,7 @@ def _expect_frames(frames: list[bytes], low: int, high: int) -> None:
 
 def _check_name(value: str, what: str) -> str:
     """Names end up in logs, metrics labels and stats: short and printable, never control characters."""
-    if not 1 <= len(value) <= MAX_NAME_CHARS or not value.isprintable():
-        raise ProtocolError(f"{what} must have 1 to {MAX_NAME_CHARS} printable characters")
+    _check_text(value, what, MAX_NAME_CHARS)
     return value
 
 
