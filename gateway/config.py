@@ -35,7 +35,12 @@ class GatewayConfig:
     max_inputs: int = option(256, "most inputs in one request (413 too_many_inputs)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input (400 input_too_long)", minimum=1)
     max_connections: int = option(
-        1024, "requests answered at once; the next one is refused with 503 overloaded", minimum=1
+        1024, "requests answered at once, counted once their body is in; the next one is refused with 503 "
+        "overloaded", minimum=1
+    )
+    body_timeout_ms: int = option(
+        30000, "time a request's body has to arrive once its headers are in; then 408 request_timeout "
+        "and the connection is closed", minimum=1
     )
     api_keys_file: str = option(
         "", "file of API keys, one per line; when set, requests need 'Authorization: Bearer KEY'",
