@@ -20,7 +20,8 @@ with three additions made through its public methods:
   The headers are complete once the application sees the request:
   :func:`track_requests`, the outermost middleware, tells the connection.
 * Every answer's ``Server`` header is ``zbatch``, without aiohttp's and
-  Python's versions; aiohttp's own refusals of malformed requests included.
+  Python's versions: the app's answers get it from :func:`track_requests`,
+  aiohttp's own refusals of malformed requests from the connection.
 
 The body has its own deadline, ``body_timeout_ms``: the in-flight guard
 (gateway/guard.py) reads the body within it before it counts the request.
@@ -129,12 +130,13 @@ class Connection(web.RequestHandler):
             self._expect_headers()  # the first bytes of the next request
         super().data_received(data)
 
-    async def finish_response(
-        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
-    ) -> tuple[web.StreamResponse, bool]:
-        if isinstance(resp, web.StreamResponse) and not resp.prepared:
-            resp.headers[hdrs.SERVER] = SERVER
-        return await super().finish_response(request, resp, start_time)
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        """aiohttp's own answer to a malformed request, or to a failure outside the app, without versions."""
+        response = super().handle_error(request, status, exc, message)
+        response.headers[hdrs.SERVER] = SERVER
+        return response
 
     def request_started(self) -> None:
         """The application has a request from this connection: its headers came in time."""
@@ -163,12 +165,18 @@ class Connection(web.RequestHandler):
 
 @web.middleware
 async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Tell the request's connection that its headers are in, and when its answer is ready."""
-    connection = request.protocol
-    if not isinstance(connection, Connection):  # the app served another way (aiohttp's test server)
-        return await handler(request)
-    connection.request_started()
+    """Tell the request's connection that its headers are in, and when its answer is ready; name the server."""
+    protocol = request.protocol
+    connection = protocol if isinstance(protocol, Connection) else None  # None: served another way (tests)
+    if connection is not None:
+        connection.request_started()
     try:
-        return await handler(request)
+        response = await handler(request)
+    except web.HTTPException as exc:  # the JSON error middleware lets only non-errors through
+        exc.headers[hdrs.SERVER] = SERVER
+        raise
     finally:
-        connection.request_finished()
+        if connection is not None:
+            connection.request_finished()
+    response.headers[hdrs.SERVER] = SERVER
+    return response
