@@ -25,6 +25,7 @@ import contextlib
 import os
 import re
 import resource
+import socket
 import subprocess
 import threading
 import time
@@ -103,8 +104,9 @@ class SlowHttp:
     """``count`` connections to ``port``, each sending ``opening`` at once, then ``trickle`` a byte per ``interval_s``.
 
     With ``reconnect``, a connection the server closes is replaced at the next
-    tick, so ``count`` stay open while the attack lasts.  A ``with`` block runs
-    it; it returns once the first ``count`` connections were tried.
+    tick, so ``count`` stay open while the attack lasts.  A connection not
+    made within ``connect_timeout_s`` counts as refused.  A ``with`` block
+    runs it; it returns once the first ``count`` connections were tried.
     """
 
     port: int
@@ -114,10 +116,12 @@ class SlowHttp:
     interval_s: float = 1.0
     reconnect: bool = False
     host: str = "127.0.0.1"
+    connect_timeout_s: float = 10.0
     opened: int = 0
     refused: int = 0  # connections that could not be made
     endings: list[Ending] = field(default_factory=list)  # connections the server ended, in order
     _peers: set[_Peer] = field(default_factory=set)
+    _connecting: set[asyncio.Task[None]] = field(default_factory=set)
     _started: threading.Event = field(default_factory=threading.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     _stop: asyncio.Event | None = None
@@ -153,8 +157,9 @@ class SlowHttp:
     async def _connect(self) -> None:
         assert self._loop is not None
         try:
-            await self._loop.create_connection(lambda: _Peer(self), self.host, self.port)
-        except OSError:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await self._loop.create_connection(lambda: _Peer(self), self.host, self.port)
+        except (OSError, TimeoutError):
             self.refused += 1
 
     async def _run(self) -> None:
@@ -170,7 +175,12 @@ class SlowHttp:
             for peer in list(self._peers):
                 peer.trickle(self.trickle)
             if self.reconnect and not self._stop.is_set():
-                await asyncio.gather(*(self._connect() for _ in range(self.count - len(self._peers))))
+                for _ in range(self.count - len(self._peers) - len(self._connecting)):
+                    task = asyncio.create_task(self._connect())
+                    self._connecting.add(task)
+                    task.add_done_callback(self._connecting.discard)
+        for task in list(self._connecting):
+            task.cancel()
         for peer in list(self._peers):
             self._peers.discard(peer)
             if peer.transport is not None:
@@ -207,22 +217,42 @@ class Exchange:
 
 def burst(port: int, count: int, request: bytes, *, host: str = "127.0.0.1", timeout_s: float = 60.0
           ) -> list[Exchange]:
-    """``count`` new connections opened at once, each sending ``request`` (which should ask to close)."""
+    """``count`` new connections started in one tight loop, each then sending ``request`` (which should ask
+    to close) and reading the answer.
 
-    async def one() -> Exchange:
-        started = time.monotonic()
+    The connections start as close together as the system calls allow, as from many clients at once.
+    """
+
+    async def finish(sock: socket.socket, started: float, pending: bool) -> Exchange:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
+                if pending:  # wait until the connection is made, or fails
+                    writable = loop.create_future()
+                    loop.add_writer(sock, writable.set_result, None)
+                    try:
+                        await writable
+                    finally:
+                        loop.remove_writer(sock)
+                    if error := sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        raise OSError(error, os.strerror(error))
+                reader, writer = await asyncio.open_connection(sock=sock)
                 writer.write(request)
                 answer = await reader.read()
                 writer.close()
         except (OSError, TimeoutError) as exc:
+            sock.close()
             return Exchange(None, type(exc).__name__, time.monotonic() - started)
-        return Exchange(Ending(answer, False).status, "" if answer else "no answer", time.monotonic() - started)
+        status = Ending(answer, False).status
+        return Exchange(status, "" if answer else "no answer", time.monotonic() - started)
 
     async def all_at_once() -> list[Exchange]:
-        return list(await asyncio.gather(*(one() for _ in range(count))))
+        sockets = [socket.socket() for _ in range(count)]
+        started: list[tuple[socket.socket, float, bool]] = []
+        for sock in sockets:
+            sock.setblocking(False)
+            started.append((sock, time.monotonic(), sock.connect_ex((host, port)) != 0))
+        return list(await asyncio.gather(*(finish(*one) for one in started)))
 
     return asyncio.run(all_at_once())
 
@@ -282,6 +312,13 @@ def file_limit(pid: int) -> tuple[int, int]:
             soft, hard = line.split()[3:5]
             return int(soft), int(hard)
     raise ValueError(f"no open-file limit for process {pid}")
+
+
+def listen_overflows() -> int:
+    """How many times, machine-wide, a full listen queue made the kernel drop a new connection (it retries later)."""
+    lines = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines() if line.startswith("TcpExt:")]
+    names, numbers = lines[0], lines[1]
+    return int(numbers[names.index("ListenOverflows")])
 
 
 def listen_backlog(port: int) -> int:
