@@ -36,7 +36,6 @@ from typing import Any, cast
 import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
-from aiohttp.web_request import BaseRequest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.guard import RETRY_AFTER_S
@@ -131,7 +130,7 @@ class Connection(web.RequestHandler):
         super().data_received(data)
 
     def handle_error(
-        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
         """aiohttp's own answer to a malformed request, or to a failure outside the app, without versions."""
         response = super().handle_error(request, status, exc, message)
