@@ -29,6 +29,7 @@ from tests.slow_peers import (
 
 IDLE = 1100  # past the default soft limit
 WINDOW_S = 2.0  # new clients keep coming for this long while the CPU is measured
+SLACK = 8  # files the broker may close of its own while the idle peers connect
 BUSY_LOOP = 0.5  # a share of one core the idle connections and the new clients come nowhere near
 
 
@@ -50,7 +51,8 @@ def test_idle_connections_past_the_default_file_limit_lock_no_client_out(broker:
     assert f"open files: the limit is {hard}, raised from {SYSTEMD_DEFAULT_FILES}" in broker.log()
     before = open_files(broker.pid)
     with IdleZmq(broker.frontend, IDLE):
-        wait_until(lambda: open_files(broker.pid) >= before + IDLE, 60,
+        # Give or take a few: connections of the start's statistics clients may close meanwhile.
+        wait_until(lambda: open_files(broker.pid) >= before + IDLE - SLACK, 60,
                    f"the broker to hold {IDLE} more connections", broker.log)
         used, started = cpu_seconds(broker.pid), time.monotonic()
         answered = 0
