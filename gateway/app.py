@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway import handlers
 from gateway.appkeys import CLIENT, CONFIG
 from gateway.config import GatewayConfig
+from gateway.connections import track_requests
 from gateway.errors import json_errors
 from gateway.guard import guards
 from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
@@ -37,10 +38,12 @@ ROUTES = [
 
 def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.Application:
     """The gateway; without ``client`` it opens one to ``config.frontend`` for its lifetime."""
-    # Outermost first: the request id is on every answer, and the metrics see the final status;
-    # the guards (API key, requests in flight) run before any handler reads a body.
+    # Outermost first: the connection learns its request's headers are in; the request id is on every
+    # answer, and the metrics see the final status; the guards (API key, body, requests in flight) run
+    # before any handler.
     app = web.Application(
-        middlewares=[request_ids, measure, json_errors, *guards(config)], client_max_size=config.max_body_bytes
+        middlewares=[track_requests, request_ids, measure, json_errors, *guards(config)],
+        client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
     app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})

@@ -36,7 +36,27 @@ class GatewayConfig:
     max_inputs: int = option(256, "most inputs in one request (413 too_many_inputs)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input (400 input_too_long)", minimum=1)
     max_connections: int = option(
-        1024, "requests answered at once; the next one is refused with 503 overloaded", minimum=1
+        1024, "requests answered at once, counted once their body is in; the next one is refused with 503 "
+        "overloaded", minimum=1
+    )
+    max_open_connections: int = option(
+        4096, "connections open at once, idle and slow ones included; a new one past it is answered 503 "
+        "overloaded and closed; keep it below the open-file limit", minimum=1
+    )
+    header_timeout_ms: int = option(
+        10000, "time a connection has to send a request's complete headers, from its opening or from the "
+        "first byte of a later request; then it is closed", minimum=1
+    )
+    body_timeout_ms: int = option(
+        30000, "time a request's body has to arrive once its headers are in; then 408 request_timeout "
+        "and the connection is closed", minimum=1
+    )
+    idle_timeout_ms: int = option(
+        75000, "how long a keep-alive connection may wait between requests; keep it above the idle "
+        "timeout of a load balancer in front", minimum=1
+    )
+    listen_backlog: int = option(
+        4096, "connections the kernel queues for accepting; net.core.somaxconn caps it", minimum=1
     )
     api_keys_file: str = option(
         "", "file of API keys, one per line; when set, requests need 'Authorization: Bearer KEY'",

@@ -18,7 +18,9 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
@@ -49,6 +51,8 @@ class ErrorCode:
     ``headers``: the response headers that come with it, and what they say.
     ``per_operation``: False for the answers to a path or method that has no
     endpoint, which the document lists in its enum but under no operation.
+    ``closes``: the connection is closed once the answer is written, and nothing
+    more is read from it (the caller was too slow to wait for the rest).
     """
 
     code: str
@@ -58,10 +62,12 @@ class ErrorCode:
     http_exception: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
     per_operation: bool = True
+    closes: bool = False
 
 
 RETRY_AFTER: dict[str, str] = {str(hdrs.RETRY_AFTER): "Seconds to wait before retrying"}
 CHALLENGE: dict[str, str] = {str(hdrs.WWW_AUTHENTICATE): f"`{guard.CHALLENGE}`"}
+CLOSE: dict[str, str] = {str(hdrs.CONNECTION): "`close`: the gateway closes the connection after this answer"}
 
 ERRORS: dict[str, ErrorCode] = {
     error.code: error
@@ -75,6 +81,8 @@ ERRORS: dict[str, ErrorCode] = {
         ErrorCode("not_found", 404, "no endpoint at this path", http_exception=True, per_operation=False),
         ErrorCode("method_not_allowed", 405, "the path has no endpoint for this method; Allow lists those it has",
                   http_exception=True, per_operation=False),
+        ErrorCode("request_timeout", 408, "the body did not arrive within the gateway's body timeout",
+                  http_exception=True, headers=CLOSE, closes=True),
         ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True),
         ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit"),
         ErrorCode("unsupported_media_type", 415, "wrong Content-Type", http_exception=True),
@@ -84,8 +92,8 @@ ERRORS: dict[str, ErrorCode] = {
         ErrorCode("worker_lost", 502, "the worker died and the broker's retry budget is spent; retry",
                   client_error=WorkerLost),
         ErrorCode("overloaded", 503, "the model's backlog at the broker is full, or the gateway is answering as "
-                  "many requests as it takes at once", client_error=Overloaded, http_exception=True,
-                  headers=RETRY_AFTER),
+                  "many requests, or holds as many connections, as it takes at once", client_error=Overloaded,
+                  http_exception=True, headers=RETRY_AFTER),
         ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker),
         ErrorCode("broker_unavailable", 503, "the broker is not reachable, or is draining",
                   client_error=BrokerUnavailable),
@@ -98,6 +106,7 @@ BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
     error.client_error: (error.status, error.code) for error in ERRORS.values() if error.client_error
 }
 HTTP_ERROR_CODES: dict[int, str] = {error.status: error.code for error in ERRORS.values() if error.http_exception}
+CLOSING_CODES = frozenset(error.code for error in ERRORS.values() if error.closes)
 
 
 class ApiError(Exception):
@@ -161,4 +170,25 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
                       extra={"request_id": request.get(REQUEST_ID, "")})
         error = ApiError("internal_error", "internal error; the gateway log has the details")
     body = {"error": {"code": error.code, "message": error.message}}
+    if error.code in CLOSING_CODES:
+        return ClosingResponse(request, text=orjson.dumps(body).decode(), status=error.status,
+                               headers=error.headers, content_type="application/json")
     return web.json_response(body, status=error.status, headers=error.headers)
+
+
+class ClosingResponse(web.Response):
+    """An answer after which the connection is closed at once.
+
+    aiohttp would otherwise keep reading what is left of the request's body,
+    for up to its lingering time, before closing: pointless for a body that
+    was too slow to wait for.
+    """
+
+    def __init__(self, request: web.Request, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._connection = request.protocol
+        self.force_close()  # Connection: close
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        self._connection.force_close()  # the answer is written: the transport sends it, then closes

@@ -1,5 +1,6 @@
 """The gateway's Prometheus metrics: inference requests by model and HTTP status, their duration,
-and how many are in flight; ``GET /metrics`` serves them in the text format.
+and how many are in flight, plus the daemon's connections (gateway/connections.py);
+``GET /metrics`` serves them in the text format.
 
 Each application has its own registry, so several apps in one process (tests)
 do not clash.  The model label comes from the URL or the body, which callers
@@ -11,7 +12,7 @@ any other name is counted as ``other``.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -19,6 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from gateway.tracing import CLIENT_CLOSED
+
+if TYPE_CHECKING:
+    from gateway.connections import Connections
 
 MODEL = web.RequestKey("model", str)  # set by the handlers once they know the model
 OTHER_MODEL = "other"
@@ -58,6 +62,10 @@ class GatewayMetrics:
         if model is not None and 200 <= status < 300:
             self.models.add(model)
         return model if model in self.models else OTHER_MODEL
+
+    def watch(self, connections: Connections) -> None:
+        """Serve the connection counts too (the gateway daemon's; an app served otherwise has none)."""
+        self.registry.register(connections)
 
     def page(self, accept: str) -> web.Response:
         """The exposition format the scraper asks for, as prometheus_client's own server does."""

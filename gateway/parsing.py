@@ -33,14 +33,12 @@ ENCODINGS = ("float", "base64")
 async def read_body(
     request: web.Request, content_types: Collection[str], *, optional: bool = False
 ) -> bytes:
-    """The body, after refusing an oversize declared length or a content type we cannot read.
+    """The body, after refusing a content type we cannot read.
 
-    ``optional`` accepts a request without a Content-Type header.  Chunked bodies
-    have no length up front; the application's ``client_max_size`` stops those.
+    ``optional`` accepts a request without a Content-Type header.  The in-flight
+    guard (gateway/guard.py) has read the body already, within the body timeout
+    and the size limit, so this only hands it over.
     """
-    limit = request.app[CONFIG].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError("payload_too_large", f"the body has {request.content_length} bytes; the limit is {limit}")
     if (
         not (optional and hdrs.CONTENT_TYPE not in request.headers)
         and request.content_type not in content_types

@@ -14,6 +14,7 @@ from broker.config import BrokerConfig
 from broker.config import load_config as load_broker_config
 from gateway.config import GatewayConfig
 from gateway.config import load_config as load_gateway_config
+from gateway.server import RESERVED_FILES
 from worker.config import WorkerConfig
 from worker.config import load_config as load_worker_config
 from zbatch.client import AsyncClient
@@ -89,7 +90,8 @@ def test_services_are_set_up_for_production(daemon: str) -> None:
     settings = {key: value for _, key, value in directives(path)}
     for key, value in ({"Type": "notify", "NotifyAccess": "main", "WatchdogSec": "30",
                        "Restart": "on-failure", "RestartSec": "2", "User": "zbatch", "Group": "zbatch",
-                       "PartOf": "zbatch.target", "WantedBy": "zbatch.target"} | HARDENING).items():
+                       "PartOf": "zbatch.target", "WantedBy": "zbatch.target", "LimitNOFILE": "65536"}
+                      | HARDENING).items():
         assert settings.get(key) == value, f"{path.name}: {key}={settings.get(key)}, want {value}"
     assert values(path, "ExecStart") == [
         f"/opt/zbatch/venv/bin/zbatch-{daemon} --config /etc/zbatch/zbatch.toml"
@@ -100,6 +102,11 @@ def test_services_are_set_up_for_production(daemon: str) -> None:
     if daemon != "gateway":  # the gateway serves /metrics on its HTTP port
         ports = [v for v in values(path, "Environment") if v.startswith("ZBATCH_METRICS_PORT=")]
         assert ports, "metrics are on in the units (the daemons' default is off)"
+
+
+def test_the_gateway_connection_cap_fits_in_the_open_file_limit() -> None:
+    limit = int(values(UNITS / SERVICES["gateway"], "LimitNOFILE")[0])
+    assert GatewayConfig().max_open_connections + RESERVED_FILES <= limit
 
 
 def test_stop_timeouts_outlast_the_drains() -> None:
