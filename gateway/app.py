@@ -58,6 +58,7 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
 async def _client_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
-    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve) as client:
+    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
+                           heartbeat_ms=config.heartbeat_ms, heartbeat_liveness=config.heartbeat_liveness) as client:
         app[CLIENT] = client
         yield

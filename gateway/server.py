@@ -51,7 +51,9 @@ class GatewayServer(daemon.Service):
     async def start(self) -> daemon.Essentials:
         config = self.config
         curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
-        self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve)
+        self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
+                                            heartbeat_ms=config.heartbeat_ms,
+                                            heartbeat_liveness=config.heartbeat_liveness)
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         app = create_app(config, client)
         connections = Connections(config.max_open_connections, config.header_timeout_ms / 1000)
