@@ -43,8 +43,8 @@ from zbatch.runtime.settings import CONFIG_ENV, env_name, split_endpoints
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "scripts" / "kubernetes"
 README = (ROOT / "README.md").read_text()
-# The release the manifests are written for, and the oldest they need: the preStop sleep action
-# is on by default from 1.30.
+# The release whose schemas the manifests are held to; they need 1.30 or later, where the gateway's
+# preStop sleep action is on by default.
 KUBERNETES_VERSION = "1.31.0"
 APPLIED_BY_HAND = ("model-loader.yaml",)  # Kubernetes objects outside the kustomization
 NOT_OBJECTS = ("kustomization.yaml", "prometheus-adapter.yaml")
