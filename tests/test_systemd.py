@@ -118,6 +118,12 @@ def test_stop_timeouts_outlast_the_drains() -> None:
     assert seconds(values(UNITS / SERVICES["gateway"], "TimeoutStopSec")[0]) >= gateway_drain_s + 10
 
 
+def test_open_files_outnumber_the_connections() -> None:
+    """systemd's default soft limit (1024) is below a gateway's max_connections plus its idle keep-alives."""
+    for daemon in SERVICES:
+        limit = values(UNITS / SERVICES[daemon], "LimitNOFILE")
+        assert limit and int(limit[0]) >= 4 * GatewayConfig().max_connections, f"{daemon}: LimitNOFILE={limit}"
+
 def test_worker_sees_exactly_its_gpu_and_explains_what_it_leaves_out() -> None:
     path = UNITS / SERVICES["worker"]
     keys = {key for _, key, _ in directives(path)}
