@@ -102,11 +102,10 @@ def container_of(workload: Doc) -> Doc:
 
 
 def daemon_of(container: Doc) -> str:
-    """The daemon a container runs: the shell in front only raises the soft limit of open files, then execs it."""
+    """The daemon a container runs: its console script, with nothing in front."""
     command = container["command"]
-    assert command[:2] == ["/bin/sh", "-c"] and command[2].endswith('; exec "$0" "$@"'), command
-    assert command[3] in LOADERS, command
-    return str(command[3])
+    assert len(command) == 1 and command[0] in LOADERS, command
+    return str(command[0])
 
 
 @dataclass(frozen=True)
