@@ -9,8 +9,8 @@ What ``huggingface_hub.InferenceClient(model="http://gateway/models/NAME")`` sen
   the cosine similarity of each sentence with the source, for an ``embeddings`` model.
 * images, for ``image-classification`` and ``object-detection`` models: the body is
   the image itself (``Content-Type: image/*`` or ``application/octet-stream``; the
-  client also sends raw bytes as ``application/json``, recognised by the image's
-  signature), or JSON whose ``inputs`` are base64 (or ``data:`` URLs) with
+  client also sends raw bytes without a type or as ``application/json``, recognised
+  by the image file's signature), or JSON whose ``inputs`` are base64 (or ``data:`` URLs) with
   ``parameters``.  An image that cannot be decoded fails alone, with 400.
 
 Whether JSON strings are texts or base64 images depends on the model's task,
@@ -58,7 +58,8 @@ async def post_model(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     body = await request.read()
     content_type = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
-    if content_type.startswith("image/") or content_type in BINARY_TYPES:
+    if content_type.startswith("image/") or content_type in BINARY_TYPES or (
+            not content_type and looks_like_image(body)):
         return await images_answer(request, model, [body], {}, single=True)
     if content_type not in JSON_TYPES:
         raise ApiError("unsupported_media_type", "Content-Type must be application/json, or image/* (or "
