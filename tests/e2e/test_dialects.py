@@ -297,3 +297,66 @@ def test_models_listing_says_which_dialects_answer_each_model(url: str) -> None:
     assert by_name[CLASSIFY]["dialects"]["tei"] == ["POST /predict"]
     assert "tei" not in by_name[VIT]["dialects"] and "openai" not in by_name[VIT]["dialects"]
 
+
+
+# ------------------------------------------------------------------ hostile input, under load
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One POST with exactly these bytes and headers; the status and body (a hang fails the test)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def triton_request(name: str, items: list[bytes], header: str | None = None) -> tuple[bytes, dict[str, str]]:
+    import struct
+
+    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    head = (b'{"inputs":[{"name":"%s","datatype":"BYTES","shape":[%d],"parameters":{"binary_data_size":%d}}]}'
+            % (name.encode(), len(items), len(data)))
+    return head + data, {"Inference-Header-Content-Length": str(len(head)) if header is None else header}
+
+
+def test_hostile_input_gets_clear_4xx_while_normal_traffic_is_answered(url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    json_type = {"Content-Type": "application/json"}
+    text = triton_request("text", [b"hello"])
+    corrupt = triton_request("image", [image_bytes(8, 8, 1), b"\x89PNG\r\n\x1a\n not really"])
+    hostile = [
+        ("/v1/embeddings", b'{"model": "x", "input":', json_type, 400),
+        ("/v1/embeddings", b'{"model": 3, "input": "x"}', json_type, 400),
+        ("/embed", b"\xff\xfe", json_type, 422),
+        ("/rerank", b'{"query": ["q"], "texts": "t"}', json_type, 422),
+        ("/predict", b'{"inputs": [[]]}', json_type, 422),
+        ("/similarity", b'{"inputs": {"source_sentence": 1}}', json_type, 422),
+        ("/tokenize", b'{"inputs": [null]}', json_type, 422),
+        (f"/models/{MODEL}", b'{"inputs": {"source_sentence": "a"}}', json_type, 400),
+        (f"/models/{VIT}", b'{"inputs": "garbage!!"}', json_type, 400),
+        (f"/models/{VIT}", b"GIF89a and no more", {"Content-Type": "image/gif"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "999999"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "-1"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "9" * 40}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0][:-2], text[1], 400),
+        (f"/v2/models/{VIT}/infer", *corrupt, 400),
+    ]
+    normal = [("/embed", b'{"inputs": "normal traffic %d"}' % i, json_type, 200) for i in range(24)]
+    normal += [("/v1/embeddings", b'{"model": "%s", "input": "more %d"}' % (MODEL.encode(), i), json_type, 200)
+               for i in range(24)]
+    requests = [item for pair in zip(normal, hostile * 4, strict=False) for item in pair]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda r: raw_post(url, r[0], r[1], r[2]), requests))
+    for (path, _, _, expected), (status, body) in zip(requests, answers, strict=True):
+        assert status == expected, (path, status, body)
+        assert b"Traceback" not in body and body[:1] in (b"{", b"["), (path, body)
+    corrupt_answer = raw_post(url, f"/v2/models/{VIT}/infer", *corrupt)
+    assert b"inputs[1]" in corrupt_answer[1], corrupt_answer
