@@ -308,7 +308,7 @@ def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple
     from urllib.parse import urlsplit
 
     address = urlsplit(url)
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port, timeout=30)
     try:
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
