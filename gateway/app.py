@@ -1,7 +1,8 @@
 """The gateway application: its middlewares, its routes, and the broker client it lives with.
 
-The endpoints are in gateway/handlers.py, the error vocabulary in
-gateway/errors.py; this module only puts them together.
+The gateway's own endpoints are in gateway/handlers.py, the other dialects'
+in gateway/dialects/ (Hugging Face, OpenAI, TEI, KServe v2), the error
+vocabulary in gateway/errors.py; this module only puts them together.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from gateway import handlers
-from gateway.appkeys import CLIENT, CONFIG
+from gateway.appkeys import CATALOG, CLIENT, CONFIG
+from gateway.catalog import Catalog
 from gateway.config import GatewayConfig
 from gateway.connections import track_requests
+from gateway.dialects import huggingface, kserve, openai, tei
 from gateway.errors import json_errors
 from gateway.guard import guards
 from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
@@ -25,8 +28,24 @@ __all__ = ["CLIENT", "CONFIG", "ROUTES", "create_app"]
 
 ROUTES = [
     web.post("/", handlers.post_text),
-    web.post("/models/{model:.+}", handlers.post_model),
-    web.post("/v1/embeddings", handlers.post_embeddings),
+    web.post("/models/{model:.+}", huggingface.post_model),
+    web.post("/v1/embeddings", openai.post_embeddings),
+    web.get("/v1/models", openai.get_models),
+    web.get("/v1/models/{model:.+}", openai.get_model),
+    web.post("/embed", tei.embed),
+    web.post("/rerank", tei.rerank),
+    web.post("/predict", tei.predict),
+    web.post("/similarity", tei.post_similarity),
+    web.post("/tokenize", tei.tokenize),
+    web.get("/info", tei.info),
+    web.get("/health", tei.health),
+    web.get("/v2", kserve.get_server),
+    web.get("/v2/health/live", kserve.get_live),
+    web.get("/v2/health/ready", kserve.get_ready),
+    # The model name may hold slashes (org/name): the longer paths are tried first.
+    web.post("/v2/models/{model:.+}/infer", kserve.post_infer),
+    web.get("/v2/models/{model:.+}/ready", kserve.get_model_ready),
+    web.get("/v2/models/{model:.+}", kserve.get_model),
     web.get("/healthz", handlers.get_health),
     web.get("/readyz", handlers.get_ready),
     web.get("/models", handlers.get_models),
@@ -47,6 +66,8 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
     )
     app[CONFIG] = config
     app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
+    app[CATALOG] = catalog = Catalog()
+    app.on_cleanup.append(lambda _: catalog.close())
     if client is None:
         app.cleanup_ctx.append(_client_context)
     else:

@@ -13,8 +13,8 @@ from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposu
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """HTTP front for a zbatch broker: Hugging Face style /models/{model}, OpenAI style
-    /v1/embeddings, plain-text POST /, plus /healthz, /readyz, /models and /v1/stats."""
+    """HTTP front for zbatch brokers: Hugging Face style /models/{model}, OpenAI's /v1, TEI's routes,
+    KServe v2 (/v2), plain-text POST /, plus /healthz, /readyz, /models and /v1/stats."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "TCP port to listen on; 0 picks any free port", minimum=0)
@@ -23,6 +23,11 @@ class GatewayConfig:
         "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
+    tei_model: str = option("", "model behind TEI's /embed, /similarity, /tokenize, /info and /health; "
+                                "empty: the default model")
+    tei_rerank_model: str = option("", "model behind TEI's /rerank (a rerank model); empty: the TEI model")
+    tei_predict_model: str = option("", "model behind TEI's /predict (a text-classification model); empty: "
+                                        "the TEI model")
     models: tuple[str, ...] = option(
         (),
         "comma-separated models that /readyz requires a worker for; empty means the default model",
@@ -86,6 +91,13 @@ class GatewayConfig:
                                             insecure=self.insecure)
         if problem:
             raise ValueError(problem)
+
+    @property
+    def tei_models(self) -> dict[str, str]:
+        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route)."""
+        main = self.tei_model or self.default_model
+        return {"/embed": main, "/similarity": main, "/tokenize": main, "/info": main, "/health": main,
+                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
 
     @property
     def required_models(self) -> tuple[str, ...]:

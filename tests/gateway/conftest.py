@@ -35,10 +35,10 @@ class Response:
         return json.loads(self.body)
 
     def error_code(self) -> str:
-        """The ``error.code`` of a JSON error, after checking the documented shape."""
+        """The ``error.code`` of a JSON error, after checking the documented shape (OpenAI's under /v1)."""
         assert self.headers.get("content-type", "").startswith("application/json"), self
         error = self.json()["error"]
-        assert set(error) == {"code", "message"}, error
+        assert set(error) in ({"code", "message"}, {"code", "message", "type", "param"}), error
         assert isinstance(error["message"], str) and error["message"], error
         return str(error["code"])
 
