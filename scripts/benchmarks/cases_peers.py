@@ -63,6 +63,7 @@ class Peer:
     ready: str  # GET answers 200 here once it serves
     body: Callable[[str], Json]  # one text as the peer's API takes it
     vector: Callable[[Json], list[float]]  # the embedding in the peer's answer
+    setup: str = ""  # how it serves, in a few words, for BENCHMARKS.md
     libpython: bool = False  # links the interpreter's libpython: LD_LIBRARY_PATH must point at it
 
     @property
@@ -72,16 +73,23 @@ class Peer:
 
 PEERS = (
     Peer("infinity", "Infinity", "infinity-emb", ("infinity-emb[server,torch]==0.0.78",), "/embeddings", "/health",
-         lambda text: {"model": MODEL_NAME, "input": [text]}, lambda answer: answer["data"][0]["embedding"]),
+         lambda text: {"model": MODEL_NAME, "input": [text]}, lambda answer: answer["data"][0]["embedding"],
+         "its own FastAPI server (uvicorn, uvloop) and sentence-transformers code; batch 32, its fixed 5 ms "
+         "batch_delay, a length-sorted queue; OpenAI-style /embeddings"),
     Peer("mosec", "mosec", "mosec", ("mosec==0.9.8", TRANSFORMERS), "/inference", "/", gateway_body,
-         lambda answer: answer),
+         lambda answer: answer, "its Rust HTTP server and batcher (max_batch_size 32, max_wait_time 5 ms), one "
+         "Python worker process, default JSON"),
     Peer("triton", "Triton via PyTriton", "nvidia-pytriton", ("nvidia-pytriton==0.7.0", TRANSFORMERS),
          f"/v2/models/{MODEL_NAME}/infer", f"/v2/models/{MODEL_NAME}/ready", _triton_body,
-         lambda answer: answer["outputs"][0]["data"], libpython=True),
+         lambda answer: answer["outputs"][0]["data"], "tritonserver's HTTP front end and dynamic batcher "
+         "(max_batch_size 32, max_queue_delay 5 ms), its Python backend handing batches to a @batch function; "
+         "KServe v2 JSON", libpython=True),
     Peer("litserve", "LitServe", "litserve", ("litserve==0.2.19", TRANSFORMERS), "/predict", "/health",
-         gateway_body, lambda answer: answer),
+         gateway_body, lambda answer: answer, "a LitAPI (max_batch_size 32, batch_timeout 5 ms), one API server "
+         "and one inference worker process"),
     Peer("rayserve", "Ray Serve", "ray", ("ray[serve]==2.60.0", TRANSFORMERS), "/embed", "/embed/healthz",
-         gateway_body, lambda answer: answer),
+         gateway_body, lambda answer: answer, "a local Ray cluster, Serve's proxy, one replica with a @serve.batch "
+         "method (max_batch_size 32, batch_wait_timeout_s 5 ms, max_ongoing_requests 64)"),
 )
 PEER_NAMES = tuple(peer.name for peer in PEERS)
 SELECTED = {"peers": PEER_NAMES}  # set once by the runner (--peers)
@@ -114,7 +122,7 @@ class PeerSystems:
     def notes(self) -> dict[str, Any]:
         """What BENCHMARKS.md's peers section says of each: version, install, check; and who was left out."""
         return {"peers": {p.system: {"install_s": p.venv.install_s, "size_mb": p.venv.size_mb, "cosine": p.cosine,
-                                     "versions": p.venv.versions} for p in self.running},
+                                     "versions": p.venv.versions, "setup": p.peer.setup} for p in self.running},
                 "left_out": dict(self.left_out)}
 
 

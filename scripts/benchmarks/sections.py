@@ -70,8 +70,9 @@ def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
     systems = list(dict.fromkeys(r["system"] for r in peer_rows))
     levels = list(dict.fromkeys(r["concurrency"] for r in peer_rows))
     rounds = max(len(r["detail"].get("rounds") or []) for r in peer_rows)
-    intro = ("zbatch (broker, one worker, gateway: the stack `scripts/serve` ships, over HTTP) next to other "
-             "serving frameworks, each in its own venv, serving the same model folder the same way: at most 32 items "
+    intro = ("zbatch over HTTP (the zbatch-http stack: broker, one worker with 2 torch threads, gateway, each at "
+             "its defaults otherwise, as `scripts/serve` starts them) next to other serving frameworks, each in its "
+             "own venv, serving the same model folder the same way: at most 32 items "
              "a batch, about 5 ms batching wait, 2 torch threads, truncation at 256 tokens, mean pooling, L2 norm. "
              "Before it was measured, each embedded five texts sent at once (one over 256 tokens) and had to give "
              "zbatch's vectors "
@@ -91,11 +92,12 @@ def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
     out.append("| **zbatch ÷ best peer** (texts/s, paired in rounds) | " + " | ".join(ratios) + " |")
     installed = notes.get("peers", {})
     if installed:
-        out += ["", "| peer | lowest cosine to zbatch | venv install | venv size | packages |", "|---|---|---|---|---|"]
+        out += ["", "| peer | served as (`scripts/benchmarks/peers/`) | lowest cosine to zbatch | venv install | "
+                "venv size | packages |", "|---|---|---|---|---|---|"]
         for system, note in installed.items():
             versions = ", ".join(f"{k} {v}" for k, v in note["versions"].items())
-            out.append(f"| {system} | {note['cosine']:.7f} | {note['install_s']:.0f} s | {note['size_mb']:,.0f} MB | "
-                       f"{versions} |")
+            out.append(f"| {system} | {note.get('setup', '')} | {note['cosine']:.7f} | {note['install_s']:.0f} s | "
+                       f"{note['size_mb']:,.0f} MB | {versions} |")
     for name, why in notes.get("left_out", {}).items():
         out += ["", f"Left out: **{name}**: {why}"]
     return out
