@@ -14,6 +14,11 @@ on CPUs with AVX512-BF16 or AMX), measured against a limit process in
 bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
 same rounds when that case runs as well.  The Hugging Face guide's servers
 stay float32, as the guide writes them.
+
+``peers`` (:mod:`scripts.benchmarks.cases_peers`) is zbatch over HTTP next to
+other serving frameworks, at the end of each concurrency's points: its own
+zbatch point, then each peer's, so that its ratios pair points measured one
+after the other.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.benchmarks import batches, procs
+from scripts.benchmarks import batches, cases_peers, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, ZbatchStack, row, system_key
 from scripts.benchmarks.load import closed_loop, quiet
@@ -31,7 +36,7 @@ from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient
 
-CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16", "peers")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
@@ -41,9 +46,10 @@ LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
 LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
 LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
-GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")),
+GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "peers")),
           ("limit-bf16", ("zbatch-bf16",)))
-LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases}  # the limit each system is held to
+# the limit each system is held to (the peers case has no ratio to a limit)
+LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases if served in SYSTEM_NAMES}
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,8 @@ def needs(selected: list[str]) -> set[str]:
     """The long-lived systems the selected model cases run on (names as in Context.release)."""
     wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"},
               "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
-              "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")}}
+              "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")},
+              "peers": {"zbatch", "peers"}}
     return set().union(*(wanted[case] for case in selected if case in wanted))
 
 
@@ -87,13 +94,19 @@ async def run(ctx: Context, selected: list[str]) -> None:
         ctx.rows.append(row(case, system, concurrency, _median(rounds), rounds=rounds,
                             worker_batches=batches.merge([r.get("worker_batches", {}) for r in rounds])))
     _pair(ctx.rows)
+    if "peers" in selected:
+        cases_peers.pair(ctx.rows)
+        notes = (await ctx.peers()).notes()
+        for r in ctx.rows:
+            if r["case"] == cases_peers.CASE and r["system"] == cases_peers.ZBATCH:
+                r["detail"]["peers"] = notes
 
 
 Measure = Callable[[], Awaitable[dict[str, Any]]]
+Makers = dict[str, list[tuple[str, Callable[[int], Measure]]]]  # by case: (system, measure-maker) of each system
 
 
-def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int], Measure]]
-           ) -> list[tuple[Point, Measure]]:
+def _round(ctx: Context, selected: list[str], measures: Makers) -> list[tuple[Point, Measure]]:
     """One round's points: each limit batch size right before the systems at the matching concurrency."""
     order: list[tuple[Point, Measure]] = []
     limits = [(case, *point) for case in _limit_cases(selected) for point in LIMIT_POINTS[case]]
@@ -102,7 +115,7 @@ def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int]
             for point in [p for p in limits if p[0] == limit_case and p[1] <= c]:
                 limits.remove(point)
                 order.append(_limit_point(ctx, *point))
-            order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in served if case in measures]
+            order += [(Point(case, system, c), maker(c)) for case in served for system, maker in measures.get(case, [])]
     order += [_limit_point(ctx, *point) for point in limits]
     return order
 
@@ -116,20 +129,21 @@ def _limit_point(ctx: Context, case: str, batch_size: int, grouped: bool) -> tup
     return Point(case, limit_name(batch_size, grouped), "-"), measure
 
 
-async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[int], Measure]]:
-    """Start the systems (limit first: it is the reference) and return one measure-maker per served case."""
+async def _measures(ctx: Context, selected: list[str]) -> Makers:
+    """Start the systems (limit first: it is the reference) and return the measure-makers of each served case."""
     s = ctx.settings
     for case in _limit_cases(selected):
         await ctx.limit(LIMIT_DTYPES[case])
-    makers: dict[str, Callable[[int], Measure]] = {}
+    makers: Makers = {}
     if "zbatch-http" in selected or "zbatch-zmq" in selected:
         stack = await ctx.zbatch()
         if "zbatch-http" in selected:
-            makers["zbatch-http"] = _zbatch_maker(ctx, stack, http=True)
+            makers["zbatch-http"] = [(SYSTEM_NAMES["zbatch-http"], _zbatch_maker(ctx, stack, http=True))]
         if "zbatch-zmq" in selected:
-            makers["zbatch-zmq"] = _zbatch_maker(ctx, stack, http=False)
+            makers["zbatch-zmq"] = [(SYSTEM_NAMES["zbatch-zmq"], _zbatch_maker(ctx, stack, http=False))]
     if "zbatch-bf16" in selected:
-        makers["zbatch-bf16"] = _zbatch_maker(ctx, await ctx.zbatch("bfloat16"), http=True)
+        makers["zbatch-bf16"] = [(SYSTEM_NAMES["zbatch-bf16"], _zbatch_maker(ctx, await ctx.zbatch("bfloat16"),
+                                                                              http=True))]
     for mode in ("naive", "batched"):
         if f"baseline-{mode}" in selected:
             baseline = await ctx.baseline(mode)
@@ -141,7 +155,11 @@ async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[in
                                                  s.duration_s, watch=baseline.daemons.pids())
                 return measure
 
-            makers[f"baseline-{mode}"] = baseline_maker
+            makers[f"baseline-{mode}"] = [(SYSTEM_NAMES[f"baseline-{mode}"], baseline_maker)]
+    if "peers" in selected:
+        peers = await ctx.peers()  # starts the zbatch stack first: the peers' vectors are checked against it
+        makers["peers"] = [(cases_peers.ZBATCH, _zbatch_maker(ctx, await ctx.zbatch(), http=True)),
+                           *cases_peers.makers(s.warmup_s, s.duration_s, peers)]
     return makers
 
 

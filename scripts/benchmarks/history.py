@@ -61,6 +61,17 @@ def _paired(rows: list[dict[str, Any]], case: str, concurrency: int, key: str) -
     return value
 
 
+def _peers(rows: list[dict[str, Any]]) -> list[str | None]:
+    """zbatch over the fastest peer at each concurrency (paired in rounds), naming that peer."""
+    out: list[str | None] = []
+    for r in rows:
+        paired = r["detail"].get("paired", {}) if r["case"] == "peers" and r["system"] == "zbatch gateway" else {}
+        if "vs_best_peer" in paired:
+            out.append(f"zbatch vs best peer (c={r['concurrency']}, {paired['best_peer']}) "
+                       f"{paired['vs_best_peer']:.2f}×")
+    return out
+
+
 def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
     """The figures a change is judged by, each against its reference in the same run."""
     goodput = [(f"{r['case']} goodput/capacity ({r['system']})", times(r["req_s"], r["detail"]["capacity_req_s"]))
@@ -73,6 +84,7 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
         *(f"{system} c=1 p50 {added:+.1f} ms over a sleeping model" for system, added in idle_added(rows).items()),
         _ratio("HTTP c=32 bfloat16 vs limit b32 in bfloat16", _paired(rows, "zbatch-bf16", 32, "vs_limit")),
         _ratio("HTTP c=32 bfloat16 vs float32", _paired(rows, "zbatch-bf16", 32, "vs_float32")),
+        *_peers(rows),
         *(_ratio(f"{label} vs proxy (c=32)", times(_value(rows, "req_s", "routing", system, 32),
                                                    _value(rows, "req_s", "routing", "zmq.proxy", 32)))
           for label, system in (("broker", "zbatch broker"), ("compiled broker", COMPILED_BROKER))),
