@@ -57,6 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 FORCE_GRACE_S = 2.0  # after a stop at once: how long units get to exit before SIGKILL
+STOP_MARGIN_S = 10.0  # a unit's stop timeout past its drain: closing, threads, logs (the units' TimeoutStopSec too)
 BAD_SETTINGS_EXIT = 2  # every zbatch daemon exits 2 when a setting is bad (zbatch/runtime/settings.py)
 
 
