@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -9,6 +10,11 @@ from gateway.guard import check_api_keys_file
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
+
+# processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
+# measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
+# limit, and each more process only costs memory and a broker connection.
+MAX_AUTO_PROCESSES = 4
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,14 @@ class GatewayConfig:
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "TCP port to listen on; 0 picks any free port", minimum=0)
+    processes: int = option(
+        0, f"gateway processes sharing the port, each with its own broker client; 0: one per core, at most "
+        f"{MAX_AUTO_PROCESSES}; 1: this process alone", minimum=0
+    )
+    reuse_port: bool = option(
+        False, "let other processes listen on the same port (SO_REUSEPORT), the kernel spreading new connections "
+        "over them; the processes of --processes have it"
+    )
     frontend: str = option(
         "tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated (several brokers: requests "
         "spread over the live ones)", check=check_endpoints
@@ -100,9 +114,21 @@ class GatewayConfig:
                 "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
 
     @property
+    def process_count(self) -> int:
+        """How many processes serve: ``processes``, or for 0 the cores this process may run on, at most 4."""
+        return self.processes or min(usable_cores(), MAX_AUTO_PROCESSES)
+
+    @property
     def required_models(self) -> tuple[str, ...]:
         """The models that must have a worker before the gateway calls itself ready."""
         return self.models or (self.default_model,)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, under a cgroup's cpuset too), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def load_config(

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.connections import Connection, Connections
+from gateway.connections import Connection
 from gateway.metrics import METRICS
 from zbatch.client import AsyncClient
 from zbatch.runtime import daemon
@@ -34,6 +35,7 @@ from zbatch.runtime.curve import client_keys
 log = logging.getLogger("zbatch.gateway")
 
 RESERVED_FILES = 64  # what the gateway opens besides its connections: the broker client, the loop, logs
+PROCESS_HEADER = "X-Zbatch-Pid"  # with reuse_port: which of the processes on the port answered
 SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # Linux's cap on any listen backlog
 
 
@@ -56,8 +58,9 @@ class GatewayServer(daemon.Service):
                                             heartbeat_liveness=config.heartbeat_liveness)
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         app = create_app(config, client)
-        connections = Connections(config.max_open_connections, config.header_timeout_ms / 1000)
-        app[METRICS].watch(connections)
+        connections = app[METRICS].connections(config.max_open_connections, config.header_timeout_ms / 1000)
+        if config.reuse_port:  # one of several processes on this port: say which one answers
+            app.on_response_prepare.append(name_the_process)
         # handler_cancellation: a caller who hangs up cancels its handler, and
         # AsyncClient then tells the broker to skip the work.
         self._runner = runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=self._drain_s)
@@ -69,7 +72,7 @@ class GatewayServer(daemon.Service):
         options = {"loop": loop, "keepalive_timeout": config.idle_timeout_ms / 1000, "access_log": None}
         self._listener = listener = await loop.create_server(
             lambda: Connection(server, connections, **options), config.host, config.port,
-            backlog=config.listen_backlog,
+            backlog=config.listen_backlog, reuse_port=True if config.reuse_port else None,
         )
         port = listener.sockets[0].getsockname()[1]
         log.info("zbatch-gateway listening on %s", _url(config.host, port))
@@ -99,6 +102,11 @@ class GatewayServer(daemon.Service):
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+
+async def name_the_process(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Say which process answered, where several share the port (a signal handler of the app)."""
+    response.headers[PROCESS_HEADER] = str(os.getpid())
 
 
 def warn_of_host_limits(config: GatewayConfig) -> None:

@@ -286,8 +286,12 @@ def start_http(module: str, name: str, log_dir: Path, /, *args: str, ready: str 
 
 def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env: Mapping[str, str] | None = None,
                   **settings: object) -> Daemon:
-    """A gateway in front of ``broker``; ``ready="/readyz"`` also waits until it reaches the broker."""
-    settings = {"frontend": broker.frontend} | settings
+    """A gateway in front of ``broker``; ``ready="/readyz"`` also waits until it reaches the broker.
+
+    One process unless ``processes=`` says otherwise (the gateway's own default is one per core): a test's
+    limits and counts are then those of one process, whatever the host.
+    """
+    settings = {"frontend": broker.frontend, "processes": 1} | settings
     return start_http("gateway", "gateway", log_dir, ready=ready, env=env, interpreter=None, **settings)
 
 

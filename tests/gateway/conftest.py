@@ -104,10 +104,14 @@ class Gateway:
 def spawn_gateway(
     tmp_path: Path, *args: str, port: int | None = None, frontend: str | None = None
 ) -> Gateway:
-    """Start ``python -m gateway`` without waiting; by default its frontend has no listener."""
+    """Start ``python -m gateway`` without waiting; by default its frontend has no listener.
+
+    One gateway process, whatever the host's cores (tests/gateway/test_processes.py starts several).
+    """
     port = free_port() if port is None else port
     frontend = frontend or f"tcp://127.0.0.1:{free_port()}"
-    daemon = spawn("gateway", f"gateway-{port}", tmp_path, *args, host="127.0.0.1", port=port, frontend=frontend)
+    daemon = spawn("gateway", f"gateway-{port}", tmp_path, *args, host="127.0.0.1", port=port, frontend=frontend,
+                   processes=1)
     return Gateway(daemon, port, frontend)
 
 
