@@ -32,6 +32,7 @@ from zbatch.testing import ROOT, Daemons, endpoint, spawn
 
 ECHO_WORKERS = 2
 IDLE_MODEL_MS = 10.0  # the sleeping model of the idle case: about the real model's batch 1 here
+GATEWAY_PROCESSES = (1, 2)  # --processes of the gateway rows
 IDLE_SYSTEMS = {"http": "zbatch gateway", "bare": "bare aiohttp"}
 PYTHON_FLOOR = "Python forwarder, no logic"
 COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: zbatch/runtime/native.py
@@ -130,25 +131,35 @@ async def routing(ctx: Context) -> None:
             await _zmq_runs(ctx, "routing", system, frontend, ctx.settings.side_concurrency, daemons)
 
 
-def _start_echo_gateway(daemons: Daemons, workers: int, *flags: str) -> str:
-    """Broker, ``workers`` echo workers answering 384-float vectors, and the gateway; returns the gateway's URL."""
-    broker = procs.start_echo_system(daemons, workers, *flags, "--outputs", "vector")
-    return procs.start_deployed_gateway(daemons, broker)
+def _start_echo_gateway(daemons: Daemons, workers: int, processes: int) -> str:
+    """Broker, ``workers`` echo workers answering 384-float vectors, and a gateway of ``processes`` processes;
+    returns the gateway's URL."""
+    broker = procs.start_echo_system(daemons, workers, "--outputs", "vector")
+    return procs.start_deployed_gateway(daemons, broker, processes=processes)
+
+
+def gateway_system(processes: int) -> str:
+    """The row name of the gateway with ``processes`` processes (one: the gateway's historical row)."""
+    return "zbatch gateway + echo" if processes == 1 else f"zbatch gateway + echo, {processes} processes"
 
 
 async def gateway(ctx: Context) -> None:
-    """The gateway in front of echo workers vs a bare aiohttp handler answering the same bytes."""
+    """The gateway (one process, then two on one port) in front of echo workers vs a bare aiohttp handler
+    answering the same bytes."""
     s = ctx.settings
-    with procs.running() as daemons:
-        procs.log(f"gateway: broker, {ECHO_WORKERS} echo workers (384-float outputs), gateway")
-        url = f"{await procs.start(daemons, _start_echo_gateway, ECHO_WORKERS)}/models/{MODEL}"
-        body_file = await saved_answer(url, "hello")
-        for c in s.side_concurrency:
-            procs.log(f"gateway: zbatch gateway at concurrency {c}")
-            async with http_session(limit=c) as session:
-                result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s,
-                                           watch=daemons.pids())
-            ctx.rows.append(row("gateway", "zbatch gateway + echo", c, result, body_bytes=body_file.stat().st_size))
+    for processes in GATEWAY_PROCESSES:
+        with procs.running() as daemons:
+            procs.log(f"gateway: broker, {ECHO_WORKERS} echo workers (384-float outputs), gateway of {processes} "
+                      "process(es)")
+            url = f"{await procs.start(daemons, _start_echo_gateway, ECHO_WORKERS, processes)}/models/{MODEL}"
+            body_file = await saved_answer(url, "hello")
+            for c in s.side_concurrency:
+                procs.log(f"gateway: {gateway_system(processes)} at concurrency {c}")
+                async with http_session(limit=c) as session:
+                    result = await closed_loop(http_call(session, url, shuffled()), c, s.warmup_s, s.duration_s,
+                                               watch=daemons.pids())
+                ctx.rows.append(row("gateway", gateway_system(processes), c, result,
+                                    body_bytes=body_file.stat().st_size, processes=processes))
     with procs.running() as daemons:
         bare = await procs.start(daemons, procs.start_http_server, "scripts.benchmarks.baselines", "bare", "bare",
                                  "--body-file", str(body_file))

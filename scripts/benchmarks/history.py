@@ -90,6 +90,9 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
           for label, system in (("broker", "zbatch broker"), ("compiled broker", COMPILED_BROKER))),
         _ratio("gateway vs bare (c=32)", times(_value(rows, "req_s", "gateway", "zbatch gateway + echo", 32),
                                                _value(rows, "req_s", "gateway", "bare aiohttp", 32))),
+        _ratio("gateway 2 processes vs 1 (c=32)",
+               times(_value(rows, "req_s", "gateway", "zbatch gateway + echo, 2 processes", 32),
+                     _value(rows, "req_s", "gateway", "zbatch gateway + echo", 32))),
         *(_ratio(label, value) for label, value in goodput), *_scale(rows)]
     return [p for p in parts if p]
 
