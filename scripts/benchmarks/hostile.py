@@ -16,7 +16,7 @@ import argparse
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +132,23 @@ def measure(name: str, attack: Attack, context: zmq.Context[zmq.Socket[bytes]]) 
                 "normal_traffic": traffic.summary()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
+def run_cli(doc: str | None, attacks: Sequence[str], measure_one: Callable[[str], dict[str, Any]]) -> None:
+    """The command line of a hostile-peer measurement: ``--attacks`` (of ``attacks``) and ``--root``; one JSON
+    line per attack."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--attacks", default=",".join(attacks), help=f"comma-separated, of {', '.join(attacks)}")
     parser.add_argument("--root", type=Path, help="run the daemons of this checkout instead of this one's")
     args = parser.parse_args()
     if args.root is not None:
         testing.ROOT = args.root.resolve()
+    for name in args.attacks.split(","):
+        print(json.dumps(measure_one(name)), flush=True)
+
+
+def main() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        for name in args.attacks.split(","):
-            print(json.dumps(measure(name, ATTACKS[name], context)), flush=True)
+        run_cli(__doc__, list(ATTACKS), lambda name: measure(name, ATTACKS[name], context))
     finally:
         context.term()
 

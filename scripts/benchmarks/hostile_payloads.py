@@ -14,14 +14,13 @@ worker still answers a normal request afterwards, and the normal traffic.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from scripts.benchmarks.hostile import run_cli
 from tests.hostile import NormalTraffic, PeakRss, rss_bytes
 from tests.worker.test_hostile_payloads import EMPTY_ARRAYS, HUGE_TEXT, MIXED_KEYS
 from worker.runners import DEFAULT_MODEL_NAME
@@ -74,14 +73,7 @@ def measure(name: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--attacks", default=",".join(PAYLOADS), help=f"comma-separated, of {', '.join(PAYLOADS)}")
-    parser.add_argument("--root", type=Path, help="run the daemons of this checkout instead of this one's")
-    args = parser.parse_args()
-    if args.root is not None:
-        testing.ROOT = args.root.resolve()
-    for name in args.attacks.split(","):
-        print(json.dumps(measure(name)), flush=True)
+    run_cli(__doc__, list(PAYLOADS), measure)
 
 
 if __name__ == "__main__":
