@@ -284,9 +284,12 @@ class WorkerServer(daemon.Service):
         slot.batched_items += len(batch.items)
         slot.batch_sizes.observe(len(batch.items))
         slot.inference_times.observe(elapsed_s)
-        slot.policy.ran(len(batch.items), elapsed_s)
         log.debug("%s: batch of %d items in %.1f ms", model, len(batch.items), elapsed_s * 1000)
-        self._send_replies(slot.assembler.complete(batch, outcomes))
+        replies = slot.assembler.complete(batch, outcomes)
+        sizes = {item.request.job_id: len(item.request.inputs) for item in batch.items}
+        slot.policy.ran(len(batch.items), elapsed_s, sum(sizes[reply.request_id] for reply in replies),
+                        self._idle_since)
+        self._send_replies(replies)
         self._schedule()
 
     # ------------------------------------------------------ drain, watchdog
