@@ -3,8 +3,10 @@
 It loads the model, warms it up and runs every batch, so torch is driven
 from one OS thread (torch's thread pools are per calling thread: a second
 thread calling torch pays for its own pool and contends with the first).
-The asyncio I/O loop hands it one batch at a time
-and hears back through ``call_soon_threadsafe``; it never waits on torch.
+The asyncio I/O loop hands it batches in order, at most one waiting behind
+the one that runs, and hears back through ``call_soon_threadsafe``; it never
+waits on torch.  The encoder thread (:mod:`worker.encoder`) tokenizes and
+plans text batches ahead of it, without torch.
 
 A batch that raises is split in halves and retried until the failing inputs
 are alone, so one bad input fails by itself and its neighbours succeed.  A
@@ -26,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.assembler import Batch, Counted, ItemFailure
+from worker.assembler import Batch, Counted, ItemFailure, PendingRequest
+from worker.encoder import BatchJob, Encoder
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
 from worker.runners.base import Operation
 from worker.threads import ThreadGovernor
@@ -75,7 +78,9 @@ class InferenceThread:
         self._governed_threads = torch_threads
         self._loop = loop
         self._done = done
-        self._batches: queue.SimpleQueue[tuple[str, Batch] | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
+        self._in_engine = 0  # batches submitted and not done yet (the I/O loop's count)
+        self._encoder = Encoder({})
         self._loaded: asyncio.Future[None] = loop.create_future()
         # Done when the thread ends, for whatever reason: the worker cannot serve without it.
         self.finished: asyncio.Future[None] = loop.create_future()
@@ -87,11 +92,22 @@ class InferenceThread:
         await self._loaded
 
     def submit(self, model: str, batch: Batch) -> None:
-        self._batches.put((model, batch))
+        """I/O loop: run ``batch`` after those submitted before it; one that waits is planned meanwhile."""
+        job = BatchJob(model, batch)
+        if self._in_engine and self._encoder.serves(model, batch.operation):
+            self._encoder.plan_ahead(job)
+        self._in_engine += 1
+        self._batches.put(job)
+
+    def encode_ahead(self, model: str, request: PendingRequest) -> None:
+        """I/O loop: ``request`` waits for a batch; tokenize it meanwhile if its model's runner can."""
+        if self._encoder.serves(model, request.operation):
+            self._encoder.encode_ahead(model, request)
 
     def stop(self, timeout_s: float) -> None:
         self._batches.put(None)
         self._thread.join(timeout_s)
+        self._encoder.stop(timeout_s)
 
     def _main(self) -> None:
         error: BaseException | None = None
@@ -109,16 +125,35 @@ class InferenceThread:
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
+        self._encoder = Encoder(runners)
+        self._encoder.start()
         self._loop.call_soon_threadsafe(self._set_loaded, None)
         governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
-        while (work := self._batches.get()) is not None:
-            model, batch = work
+        while (job := self._batches.get()) is not None:
+            runner = runners[job.model]
             threads = self._use_threads(governor)
             started = time.perf_counter()
-            outcomes = run_isolated(operation_of(runners[model], batch.operation), batch.inputs, batch.parameters)
+            outcomes = self._run(runner, job)
             elapsed = time.perf_counter() - started
-            self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, elapsed)
-            governor.observe(threads, elapsed, runners[model].modelled_seconds)
+            self._loop.call_soon_threadsafe(self._finish, job, outcomes, elapsed)
+            governor.observe(threads, elapsed, runner.modelled_seconds)
+
+    def _run(self, runner: Runner, job: BatchJob) -> Outcomes:
+        """One outcome per item: the batch as planned (by the encoder thread, or here), or run the plain way."""
+        batch = job.batch
+        if self._encoder.serves(job.model, batch.operation):
+            self._encoder.settle(job)
+            if job.plan is not None:
+                def call(encodings: list[Any], parameters: dict[str, Any]) -> list[Any]:
+                    plan = job.plan if encodings is job.encodings else runner.plan(encodings, parameters)  # type: ignore[attr-defined]
+                    return runner.run_planned(plan)  # type: ignore[attr-defined, no-any-return]
+
+                return run_isolated(call, job.encodings, batch.parameters)
+        return run_isolated(operation_of(runner, batch.operation), batch.inputs, batch.parameters)
+
+    def _finish(self, job: BatchJob, outcomes: Outcomes, elapsed_s: float) -> None:
+        self._in_engine -= 1
+        self._done(job.model, job.batch, outcomes, elapsed_s)
 
     def _use_threads(self, governor: ThreadGovernor) -> int:
         """Set torch's thread count to the governor's choice (probes included); log when its choice changes."""
