@@ -102,7 +102,8 @@ class WorkerServer(daemon.Service):
     async def start(self) -> daemon.Essentials:
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
-        self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
+        self._engine = InferenceThread(specs, self.config.torch_threads, loop, self._batch_done,
+                                       self.config.workers, self.config.cores_ledger)
         await self._engine.start()
         for name, slot in self.slots.items():
             slot.details = self._engine.details.get(name, slot.details)
