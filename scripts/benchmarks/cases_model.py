@@ -9,6 +9,12 @@ the rounds.  The ratios that the targets use are taken inside each round and
 then the median is reported (``paired``), so drift between rounds cancels
 out.
 
+``zbatch-serve`` is zbatch as ``scripts/serve`` ships it: a broker, two
+workers that share the cores through their cores ledger, and the gateway.
+It is compared with the best peer at each concurrency: the Hugging Face
+guide's two servers, and the ``peers`` case's systems when they run in the
+same rounds.
+
 ``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (faster
 on CPUs with AVX512-BF16 or AMX), measured against a limit process in
 bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
@@ -31,17 +37,19 @@ from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient
 
-CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
+                "zbatch-serve": "zbatch, scripts/serve (2 workers)",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
+PEER_CASES = ("baseline-naive", "baseline-batched", "peers")  # what a user would run instead of zbatch
 # (batch size, padding-aware grouping) of each limit case's points.
 LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
                 "limit-bf16": ((1, False), (32, False), (32, True))}
 LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
 LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
-GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched")),
+GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched")),
           ("limit-bf16", ("zbatch-bf16",)))
 LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases}  # the limit each system is held to
 
@@ -62,7 +70,7 @@ def limit_name(batch_size: int, grouped: bool) -> str:
 
 def needs(selected: list[str]) -> set[str]:
     """The long-lived systems the selected model cases run on (names as in Context.release)."""
-    wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"},
+    wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"}, "zbatch-serve": {"serve"},
               "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
               "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")}}
     return set().union(*(wanted[case] for case in selected if case in wanted))
@@ -128,6 +136,8 @@ async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[in
             makers["zbatch-http"] = _zbatch_maker(ctx, stack, http=True)
         if "zbatch-zmq" in selected:
             makers["zbatch-zmq"] = _zbatch_maker(ctx, stack, http=False)
+    if "zbatch-serve" in selected:
+        makers["zbatch-serve"] = _zbatch_maker(ctx, await ctx.serve(), http=True)
     if "zbatch-bf16" in selected:
         makers["zbatch-bf16"] = _zbatch_maker(ctx, await ctx.zbatch("bfloat16"), http=True)
     for mode in ("naive", "batched"):
@@ -188,6 +198,8 @@ def _pair(rows: list[dict[str, Any]]) -> None:
     ``vs_limit``: texts/s over the limit at batch 32, ungrouped (the offline rate), in the row's dtype;
     ``vs_naive``, ``vs_batched``: over the HF guide's servers at the same concurrency (float32 rows);
     ``vs_float32``: the bfloat16 row over float32 zbatch-http at the same concurrency;
+    ``vs_best_peer`` (zbatch-serve): over the best of the peers (PEER_CASES) in each round, and ``best_peer``
+    the one that was best most often;
     ``p50_over_limit_ms``: at concurrency 1, p50 minus the limit's batch-1 p50.
     """
     by_key = {(r["case"], r["system"], r["concurrency"]): r for r in rows if r["detail"].get("rounds")}
@@ -209,6 +221,23 @@ def _pair(rows: list[dict[str, Any]]) -> None:
         if c == 1 and limit1 is not None:
             paired["p50_over_limit_ms"] = _paired(r, limit1, lambda a, b: a["p50_ms"] - b["p50_ms"])
         r["detail"]["paired"] = {k: v for k, v in paired.items() if v is not None}
+        if case == "zbatch-serve":
+            r["detail"]["paired"] |= _vs_best_peer(r, [p for p in rows if p["case"] in PEER_CASES
+                                                       and p["concurrency"] == c and p["detail"].get("rounds")])
+
+
+def _vs_best_peer(r: dict[str, Any], peers: list[dict[str, Any]]) -> dict[str, Any]:
+    """texts/s over the best peer of each round, the median over the rounds; and which peer was best most."""
+    ratios, best = [], []
+    for number, mine in enumerate(r["detail"]["rounds"]):
+        theirs = [(p["detail"]["rounds"][number].get("texts_s") or 0.0, p["system"]) for p in peers
+                  if number < len(p["detail"]["rounds"])]
+        if mine.get("texts_s") and theirs and max(theirs)[0] > 0:
+            ratios.append(mine["texts_s"] / max(theirs)[0])
+            best.append(max(theirs)[1])
+    if not ratios:
+        return {}
+    return {"vs_best_peer": statistics.median(ratios), "best_peer": max(set(best), key=best.count)}
 
 
 def _paired(r: dict[str, Any], ref: dict[str, Any], compare: Callable[[dict[str, Any], dict[str, Any]], float]

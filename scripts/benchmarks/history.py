@@ -66,7 +66,11 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
     goodput = [(f"{r['case']} goodput/capacity ({r['system']})", times(r["req_s"], r["detail"]["capacity_req_s"]))
                for r in sorted_rows(rows) if r["case"] in ("overload", "storm")]
     over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
-    parts = [
+    default = [_ratio(f"default (scripts/serve) vs best peer c={r['concurrency']}", r["detail"]["paired"]
+                      .get("vs_best_peer")) for r in rows if r["case"] == "zbatch-serve" and r["detail"].get("paired")]
+    fill = [f"HTTP c={r['concurrency']} mean batch {r['detail']['worker_batches']['mean_size']:.1f}" for r in rows
+            if r["case"] == "zbatch-http" and r["concurrency"] in (8, 32) and r["detail"].get("worker_batches")]
+    parts = [*default, *fill,
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
         _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
         None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",

@@ -17,7 +17,7 @@ from typing import Any
 from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
-CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
+CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "limit-bf16",
               "zbatch-bf16", "routing", "gateway", "idle", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
@@ -76,6 +76,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             parts.append(_ratio_text(paired.get("vs_limit"), f"{limit} b32"))
             parts.append(_ratio_text(paired.get("vs_batched"), "batched") if case.startswith("zbatch") else None)
             parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
+            parts.append(_ratio_text(paired.get("vs_best_peer"), f"best peer ({paired.get('best_peer')})"))
             if "p50_over_limit_ms" in paired:
                 parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over {limit} b1")
         elif case in ("routing", "gateway"):
@@ -161,13 +162,16 @@ CASE_NOTES = """
   one padded forward pass per batch (the offline rate), and once more grouped by length as zbatch does.
 * **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
+* **zbatch-serve**: zbatch as `scripts/serve` ships it: broker + its default 2 workers, which share the
+  cores through their cores ledger (`worker/cores.py`), + gateway; over HTTP like zbatch-http. Its ratio
+  `best peer` is over the fastest peer at the same concurrency in each round.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
   and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
 * **zbatch-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, over HTTP, and its own limit
   in bfloat16 (the limit-bf16 rows); `float32` in their ratio is the same point in float32 (zbatch-http,
   limit: select those cases too). bfloat16 is opt-in: faster on CPUs with AVX512-BF16 or AMX (see the
   machine line), and its vectors differ slightly from float32's.
-* These seven are measured **in rounds**: every system stays loaded, each round measures each point once
+* These eight are measured **in rounds**: every system stays loaded, each round measures each point once
   (the limit right before the systems it is compared with), rows show the median over the rounds, and the
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
   within a minute).
@@ -193,7 +197,9 @@ CASE_NOTES = """
 
 RATIO_NOTE = (
     "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass), `limit-bf16 b32` the same in "
-    "bfloat16, `batched` = over baseline-batched at the same concurrency, `float32` = a bfloat16 row over "
+    "bfloat16, `batched` = over baseline-batched at the same concurrency, `best peer` = over the fastest of "
+    "the peers (the HF guide's servers, the peers case) at the same concurrency in each round, `float32` = a "
+    "bfloat16 row over "
     "the same point in float32, `over limit b1` = p50 minus the limit's batch-1 p50 (all paired within rounds, "
     "except the limit-bf16 rows' `float32`: a ratio of medians); `proxy` / `bare` = req/s over zmq.proxy / "
     "bare aiohttp, with the added p50 latency; `over its model` = p50 minus the sleeping model's own mean "
