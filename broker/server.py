@@ -13,7 +13,7 @@ whatever is left, then close both sockets before terminating the context.
 SIGHUP reads the CURVE allow-lists again.
 
 With CURVE, a worker is the name of its key (:mod:`zbatch.runtime.curve`):
-the backend reads through a :class:`~zbatch.runtime.curve.WorkerKeyGuard`,
+the backend reads through a :class:`~broker.keyguard.WorkerKeyGuard`,
 which refuses a message whose routing id is not its connection's key name
 and cuts connections that show no such message within the liveness window
 (it watches the backend's socket monitor).  ROUTER_HANDOVER is off then, so
@@ -35,9 +35,11 @@ import zmq.asyncio
 from broker import NATIVE_STATUS
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
+from broker.curve import CurveServer
+from broker.keyguard import WorkerKeyGuard
 from broker.metrics import broker_families
 from zbatch.runtime import daemon
-from zbatch.runtime.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN, CurveServer, WorkerKeyGuard
+from zbatch.runtime.curve import CLIENTS_DOMAIN, WORKERS_DOMAIN
 from zbatch.runtime.sockets import Handler, PolledSockets, Receiver, Socket, open_socket, recv_frames
 
 log = logging.getLogger("zbatch.broker")

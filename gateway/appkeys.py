@@ -1,11 +1,17 @@
-"""The application's typed keys: its settings and its broker client, read by the handlers and the parsers."""
+"""The application's typed keys: its settings, its broker client and its model catalog."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.config import GatewayConfig
 from zbatch.client import AsyncClient
 
+if TYPE_CHECKING:
+    from gateway.catalog import Catalog
+
 CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncClient)
+CATALOG: web.AppKey[Catalog] = web.AppKey("catalog")

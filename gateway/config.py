@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -10,19 +11,37 @@ from zbatch.runtime.curve import check_client_settings, check_public_key_file, c
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
 
+# processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
+# measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
+# limit, and each more process only costs memory and a broker connection.
+MAX_AUTO_PROCESSES = 4
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """HTTP front for a zbatch broker: Hugging Face style /models/{model}, OpenAI style
-    /v1/embeddings, plain-text POST /, plus /healthz, /readyz, /models and /v1/stats."""
+    """HTTP front for zbatch brokers: Hugging Face style /models/{model}, OpenAI's /v1, TEI's routes,
+    KServe v2 (/v2), plain-text POST /, plus /healthz, /readyz, /models and /v1/stats."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "TCP port to listen on; 0 picks any free port", minimum=0)
+    processes: int = option(
+        0, f"gateway processes sharing the port, each with its own broker client; 0: one per core, at most "
+        f"{MAX_AUTO_PROCESSES}; 1: this process alone", minimum=0
+    )
+    reuse_port: bool = option(
+        False, "let other processes listen on the same port (SO_REUSEPORT), the kernel spreading new connections "
+        "over them; the processes of --processes have it"
+    )
     frontend: str = option(
         "tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated (several brokers: requests "
         "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
+    tei_model: str = option("", "model behind TEI's /embed, /similarity, /tokenize, /info and /health; "
+                                "empty: the default model")
+    tei_rerank_model: str = option("", "model behind TEI's /rerank (a rerank model); empty: the TEI model")
+    tei_predict_model: str = option("", "model behind TEI's /predict (a text-classification model); empty: "
+                                        "the TEI model")
     models: tuple[str, ...] = option(
         (),
         "comma-separated models that /readyz requires a worker for; empty means the default model",
@@ -32,11 +51,34 @@ class GatewayConfig:
         "request timeout in ms; match the broker's default: it bounds how long the gateway waits",
         minimum=1,
     )
+    heartbeat_ms: int = option(1_000, "heartbeat interval to each broker (with several brokers)", minimum=10)
+    heartbeat_liveness: int = option(3, "missed intervals before a broker is given up and its requests move "
+                                        "to another (with several brokers)", minimum=1)
     max_body_bytes: int = option(1048576, "largest request body accepted", minimum=1)
     max_inputs: int = option(256, "most inputs in one request (413 too_many_inputs)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input (400 input_too_long)", minimum=1)
     max_connections: int = option(
-        1024, "requests answered at once; the next one is refused with 503 overloaded", minimum=1
+        1024, "requests answered at once, counted once their body is in; the next one is refused with 503 "
+        "overloaded", minimum=1
+    )
+    max_open_connections: int = option(
+        4096, "connections open at once, idle and slow ones included; a new one past it is answered 503 "
+        "overloaded and closed; keep it below the open-file limit", minimum=1
+    )
+    header_timeout_ms: int = option(
+        10000, "time a connection has to send a request's complete headers, from its opening or from the "
+        "first byte of a later request; then it is closed", minimum=1
+    )
+    body_timeout_ms: int = option(
+        30000, "time a request's body has to arrive once its headers are in; then 408 request_timeout "
+        "and the connection is closed", minimum=1
+    )
+    idle_timeout_ms: int = option(
+        75000, "how long a keep-alive connection may wait between requests; keep it above the idle "
+        "timeout of a load balancer in front", minimum=1
+    )
+    listen_backlog: int = option(
+        4096, "connections the kernel queues for accepting; net.core.somaxconn caps it", minimum=1
     )
     api_keys_file: str = option(
         "", "file of API keys, one per line; when set, requests need 'Authorization: Bearer KEY'",
@@ -65,9 +107,28 @@ class GatewayConfig:
             raise ValueError(problem)
 
     @property
+    def tei_models(self) -> dict[str, str]:
+        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route)."""
+        main = self.tei_model or self.default_model
+        return {"/embed": main, "/similarity": main, "/tokenize": main, "/info": main, "/health": main,
+                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
+
+    @property
+    def process_count(self) -> int:
+        """How many processes serve: ``processes``, or for 0 the cores this process may run on, at most 4."""
+        return self.processes or min(usable_cores(), MAX_AUTO_PROCESSES)
+
+    @property
     def required_models(self) -> tuple[str, ...]:
         """The models that must have a worker before the gateway calls itself ready."""
         return self.models or (self.default_model,)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, under a cgroup's cpuset too), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def load_config(

@@ -9,7 +9,13 @@ disagree.
 
 Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
 leaves as ``{"error": {"code": ..., "message": ...}}`` from :func:`json_errors`,
-so clients parse a single error shape and never see a traceback.
+so clients parse a single error shape and never see a traceback, except on
+the paths of another dialect (gateway/dialects/), which answer in that
+dialect's shape, so its own client libraries raise their own typed errors:
+
+* OpenAI (``/v1/*``): ``{"error": {"message", "type", "param", "code"}}``, same statuses;
+* TEI: ``{"error": str, "error_type": str}`` with TEI's statuses (the table's ``tei`` column);
+* KServe v2 (``/v2...``): ``{"error": str}``, same statuses.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from gateway import guard
+from gateway.dialects import Dialect, dialect_of
 from gateway.tracing import REQUEST_ID
 from zbatch.client import (
     BadRequest,
@@ -49,6 +58,13 @@ class ErrorCode:
     ``headers``: the response headers that come with it, and what they say.
     ``per_operation``: False for the answers to a path or method that has no
     endpoint, which the document lists in its enum but under no operation.
+    ``closes``: the connection is closed once the answer is written, and nothing
+    more is read from it (the caller was too slow to wait for the rest).
+    ``tei``: the status and ``error_type`` TEI answers for this failure (TEI's
+    own: 413, 422 validation; 424 backend; 429 overloaded; 503 unhealthy); by
+    default the same status, ``Validation`` below 500 and ``Backend`` from 500.
+    ``openai_type``: the ``error.type`` of OpenAI's shape (empty: by the status,
+    ``invalid_request_error`` below 500 and ``server_error`` from 500).
     """
 
     code: str
@@ -58,38 +74,60 @@ class ErrorCode:
     http_exception: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
     per_operation: bool = True
+    closes: bool = False
+    tei: tuple[int, str] | None = None
+    openai_type: str = ""
+
+    @property
+    def tei_answer(self) -> tuple[int, str]:
+        return self.tei or (self.status, "Backend" if self.status >= 500 else "Validation")
+
+    @property
+    def openai_error_type(self) -> str:
+        return self.openai_type or ("server_error" if self.status >= 500 else "invalid_request_error")
 
 
 RETRY_AFTER: dict[str, str] = {str(hdrs.RETRY_AFTER): "Seconds to wait before retrying"}
 CHALLENGE: dict[str, str] = {str(hdrs.WWW_AUTHENTICATE): f"`{guard.CHALLENGE}`"}
+CLOSE: dict[str, str] = {str(hdrs.CONNECTION): "`close`: the gateway closes the connection after this answer"}
 
 ERRORS: dict[str, ErrorCode] = {
     error.code: error
     for error in (
         ErrorCode("bad_request", 400, "malformed JSON, wrong types, empty input, bad parameters or a bad header",
-                  client_error=BadRequest, http_exception=True),
-        ErrorCode("input_too_long", 400, "an input is longer than the gateway's limit"),
+                  client_error=BadRequest, http_exception=True, tei=(422, "Validation")),
+        ErrorCode("input_too_long", 400, "an input is longer than the gateway's limit", tei=(422, "Validation")),
+        ErrorCode("wrong_task", 400, "the model does another task than the route needs; the message names the "
+                  "routes that answer the model's task", tei=(424, "Backend")),
         ErrorCode("unauthorized", 401, "the gateway has API keys and the request carries none of them",
-                  http_exception=True, headers=CHALLENGE),
-        ErrorCode("unknown_model", 404, "no worker serves the model", client_error=UnknownModel),
+                  http_exception=True, headers=CHALLENGE, openai_type="authentication_error"),
+        ErrorCode("unknown_model", 404, "no worker serves the model", client_error=UnknownModel,
+                  tei=(503, "Unhealthy")),
         ErrorCode("not_found", 404, "no endpoint at this path", http_exception=True, per_operation=False),
         ErrorCode("method_not_allowed", 405, "the path has no endpoint for this method; Allow lists those it has",
                   http_exception=True, per_operation=False),
-        ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True),
-        ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit"),
+        ErrorCode("request_timeout", 408, "the body did not arrive within the gateway's body timeout",
+                  http_exception=True, headers=CLOSE, closes=True),
+        ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True,
+                  tei=(413, "Validation")),
+        ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit",
+                  tei=(413, "Validation")),
         ErrorCode("unsupported_media_type", 415, "wrong Content-Type", http_exception=True),
         ErrorCode("worker_error", 500, "the model failed on this input; the other inputs of its batch still succeed",
-                  client_error=WorkerError),
-        ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details"),
+                  client_error=WorkerError, tei=(424, "Backend")),
+        ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details",
+                  tei=(500, "Backend")),
         ErrorCode("worker_lost", 502, "the worker died and the broker's retry budget is spent; retry",
-                  client_error=WorkerLost),
+                  client_error=WorkerLost, tei=(424, "Backend")),
         ErrorCode("overloaded", 503, "the model's backlog at the broker is full, or the gateway is answering as "
-                  "many requests as it takes at once", client_error=Overloaded, http_exception=True,
-                  headers=RETRY_AFTER),
-        ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker),
+                  "many requests, or holds as many connections, as it takes at once", client_error=Overloaded,
+                  http_exception=True, headers=RETRY_AFTER, tei=(429, "Overloaded")),
+        ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker,
+                  tei=(503, "Unhealthy")),
         ErrorCode("broker_unavailable", 503, "the broker is not reachable, or is draining",
-                  client_error=BrokerUnavailable),
-        ErrorCode("deadline_exceeded", 504, "the deadline passed first", client_error=DeadlineExceeded),
+                  client_error=BrokerUnavailable, tei=(503, "Unhealthy")),
+        ErrorCode("deadline_exceeded", 504, "the deadline passed first", client_error=DeadlineExceeded,
+                  tei=(504, "Backend")),
     )
 }
 
@@ -98,26 +136,30 @@ BROKER_ERRORS: dict[type[ZBatchError], tuple[int, str]] = {
     error.client_error: (error.status, error.code) for error in ERRORS.values() if error.client_error
 }
 HTTP_ERROR_CODES: dict[int, str] = {error.status: error.code for error in ERRORS.values() if error.http_exception}
+CLOSING_CODES = frozenset(error.code for error in ERRORS.values() if error.closes)
 
 
 class ApiError(Exception):
     """A failure the gateway answers on purpose: a code of :data:`ERRORS`, with that code's status.
 
     ``status`` overrides the table's only for aiohttp refusals that have no code of their own.
+    ``param``: the request field at fault, when one is (OpenAI's shape says it).
     """
 
     def __init__(
-        self, code: str, message: str, headers: Mapping[str, str] | None = None, *, status: int | None = None
+        self, code: str, message: str, headers: Mapping[str, str] | None = None, *, status: int | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = ERRORS[code].status if status is None else status
         self.code = code
         self.message = message
         self.headers = dict(headers or {})
+        self.param = param
 
 
-def bad_request(message: str) -> ApiError:
-    return ApiError("bad_request", message)
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError("bad_request", message, param=param)
 
 
 def from_broker(exc: ZBatchError) -> ApiError:
@@ -143,9 +185,25 @@ def from_http(exc: web.HTTPException, request: web.Request) -> ApiError:
     return ApiError(code, message, kept, status=exc.status)
 
 
+def error_answer(error: ApiError, dialect: Dialect) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of ``error`` in ``dialect``'s shape (see the module's docstring)."""
+    if dialect is Dialect.OPENAI:
+        kind = ERRORS[error.code].openai_error_type
+        return error.status, {"error": {"message": error.message, "type": kind, "param": error.param,
+                                        "code": error.code}}
+    if dialect is Dialect.TEI:
+        table = ERRORS[error.code]
+        status, kind = (table.tei_answer if error.status == table.status
+                        else (error.status, "Backend" if error.status >= 500 else "Validation"))
+        return status, {"error": error.message, "error_type": kind}
+    if dialect is Dialect.KSERVE:
+        return error.status, {"error": error.message}
+    return error.status, {"error": {"code": error.code, "message": error.message}}
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure below this middleware as ``{"error": {"code", "message"}}``; unexpected ones are logged."""
+    """Every failure below this middleware as JSON in the path's dialect; unexpected ones are logged."""
     try:
         return await handler(request)
     except ApiError as exc:
@@ -160,5 +218,27 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         log.exception("unexpected error answering %s %s", request.method, request.path,
                       extra={"request_id": request.get(REQUEST_ID, "")})
         error = ApiError("internal_error", "internal error; the gateway log has the details")
-    body = {"error": {"code": error.code, "message": error.message}}
-    return web.json_response(body, status=error.status, headers=error.headers)
+    status, body = error_answer(error, dialect_of(request.path))
+    if error.code in CLOSING_CODES:
+        return ClosingResponse(request, text=orjson.dumps(body).decode(), status=status,
+                               headers=error.headers, content_type="application/json")
+    return web.Response(body=orjson.dumps(body), status=status, headers=error.headers,
+                        content_type="application/json")
+
+
+class ClosingResponse(web.Response):
+    """An answer after which the connection is closed at once.
+
+    aiohttp would otherwise keep reading what is left of the request's body,
+    for up to its lingering time, before closing: pointless for a body that
+    was too slow to wait for.
+    """
+
+    def __init__(self, request: web.Request, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._connection = request.protocol
+        self.force_close()  # Connection: close
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        self._connection.force_close()  # the answer is written: the transport sends it, then closes

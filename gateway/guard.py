@@ -1,4 +1,4 @@
-"""API keys and the in-flight limit: the gateway's first two checks, before any body is read.
+"""API keys and the in-flight limit: the gateway's first two checks, around reading the body.
 
 Keys: with ``api_keys_file`` set, every endpoint but ``/healthz`` (and ``/metrics``
 unless ``protect_metrics``) needs ``Authorization: Bearer KEY``.  The file holds
@@ -7,10 +7,17 @@ digests are kept, and a presented key's digest is compared with every stored
 one with :func:`hmac.compare_digest`, never stopping early, so the answer's
 timing says nothing about which key, or which prefix, came close.
 
+Keys are checked before the body is read: a caller without one costs no read.
+
 In flight: a middleware counts the requests being answered; past
 ``max_connections`` the next one is answered 503 ``overloaded`` with
-``Retry-After``.  HTTP/1.1 runs one request at a time per connection, so this
-bounds busy connections; idle keep-alive connections are not counted.
+``Retry-After``.  A request is counted only once its whole body is in: it
+must arrive within ``body_timeout_ms``, or the answer is 408
+``request_timeout`` and the connection is closed.  So a client that sends
+its body slowly holds a connection, bounded by ``max_open_connections`` and
+that timeout (gateway/connections.py), but never a slot of this limit that
+the requests ready to run need.  A body larger than ``max_body_bytes`` is
+refused 413 from its declared length, unread, or once that much has arrived.
 
 Both raise aiohttp's HTTP errors, which the JSON error middleware turns into
 the usual ``{"error": {...}}`` answer with the headers kept.
@@ -18,6 +25,7 @@ the usual ``{"error": {...}}`` answer with the headers kept.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from pathlib import Path
@@ -88,7 +96,26 @@ def require_api_key(keys: ApiKeys, protect_metrics: bool) -> Middleware:
     return authenticate
 
 
-def limit_in_flight(limit: int) -> Middleware:
+async def read_in_time(request: web.Request, max_bytes: int, timeout_s: float) -> None:
+    """Read the whole body within ``timeout_s`` (``request.read()`` returns it from then on).
+
+    413 for a declared length over ``max_bytes``, before reading; 408 if the body is late.
+    """
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_bytes, length, text=f"the body has {length} bytes; the limit is "
+                                                                     f"{max_bytes}")
+    try:
+        async with asyncio.timeout(timeout_s):
+            await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=f"the body did not arrive within {timeout_s:g} s of the headers; send it at once, "
+                 "on a faster connection, or in smaller requests"
+        ) from None
+
+
+def limit_in_flight(limit: int, max_body_bytes: int, body_timeout_s: float) -> Middleware:
     in_flight = 0
 
     @web.middleware
@@ -96,6 +123,8 @@ def limit_in_flight(limit: int) -> Middleware:
         nonlocal in_flight
         if request.path in UNCOUNTED_PATHS:
             return await handler(request)
+        if request.body_exists:
+            await read_in_time(request, max_body_bytes, body_timeout_s)
         if in_flight >= limit:
             raise web.HTTPServiceUnavailable(
                 text=f"the gateway is answering {limit} requests already; retry shortly",
@@ -111,8 +140,8 @@ def limit_in_flight(limit: int) -> Middleware:
 
 
 def guards(config: GatewayConfig) -> list[Middleware]:
-    """The key check (when keys are configured), then the in-flight limit."""
-    middlewares = [limit_in_flight(config.max_connections)]
+    """The key check (when keys are configured), then the body and the in-flight limit."""
+    middlewares = [limit_in_flight(config.max_connections, config.max_body_bytes, config.body_timeout_ms / 1000)]
     if config.api_keys_file:
         middlewares.insert(0, require_api_key(ApiKeys(read_api_keys(config.api_keys_file)), config.protect_metrics))
     return middlewares

@@ -1,4 +1,6 @@
-"""The endpoints: each reads its request (gateway/parsing.py), asks the broker, and answers JSON.
+"""The gateway's own endpoints: each reads its request (gateway/parsing.py), asks the broker, and answers JSON.
+
+The other dialects' endpoints, ``POST /models/{model}`` included, are in gateway/dialects/.
 
 Failures are raised, never answered here: the error middleware
 (gateway/errors.py) turns each into its status and ``{"error": {...}}`` body.
@@ -12,74 +14,21 @@ from typing import Any
 from aiohttp import web
 
 from gateway.appkeys import CLIENT, CONFIG
+from gateway.catalog import fleet_stats
 from gateway.errors import ApiError
-from gateway.metrics import MODEL
+from gateway.inference import run, with_tokens
 from gateway.openapi import DOCUMENT
-from gateway.parsing import (
-    TEXT_TYPES,
-    check_limits,
-    decode_text,
-    parse_embeddings,
-    parse_inputs,
-    parse_parameters,
-    read_body,
-    read_json,
-    request_priority,
-    request_timeout_ms,
-)
-from gateway.responses import encode_embedding, json_response, jsonable, models_listing
-from gateway.tracing import REQUEST_ID
-from zbatch.client import WorkerError
-from zbatch.client.stats import merge_stats
+from gateway.parsing import TEXT_TYPES, decode_text, read_body
+from gateway.responses import json_response, jsonable, models_listing
 
 READY_PROBE_TIMEOUT_MS = 1000
-
-
-async def run(
-    request: web.Request, model: str, texts: list[str], parameters: dict[str, Any]
-) -> list[Any]:
-    """One output per text, in order, from the broker."""
-    check_limits(request.app[CONFIG], model, texts)
-    request[MODEL] = model
-    client = request.app[CLIENT]
-    outputs = await client.infer(
-        model, texts, parameters, timeout_ms=request_timeout_ms(request),
-        priority=request_priority(request), trace=request[REQUEST_ID],
-    )
-    if len(outputs) != len(texts):
-        raise WorkerError(f"the worker returned {len(outputs)} outputs for {len(texts)} inputs")
-    return outputs
-
-
-async def post_model(request: web.Request) -> web.Response:
-    """Hugging Face Inference API shape: ``{"inputs": str | [str], "parameters": {...}}``."""
-    body = await read_json(request)
-    texts, single = parse_inputs(body, "inputs")
-    outputs = await run(request, request.match_info["model"], texts, parse_parameters(body))
-    return json_response(outputs[0] if single else outputs)
 
 
 async def post_text(request: web.Request) -> web.Response:
     """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``."""
     text = decode_text(await read_body(request, TEXT_TYPES, optional=True), request.charset)
-    outputs = await run(request, request.app[CONFIG].default_model, [text], {})
-    return json_response(outputs[0])
-
-
-async def post_embeddings(request: web.Request) -> web.Response:
-    """OpenAI ``/v1/embeddings``; ``usage`` is always zero, since the gateway counts no tokens.
-
-    ``encoding_format`` may be "float" (the default) or "base64" (little-endian
-    float32, as OpenAI sends it), which the official SDK asks for by default.
-    """
-    model, texts, encoding = parse_embeddings(await read_json(request))
-    outputs = await run(request, model, texts, {})
-    data = [
-        {"object": "embedding", "index": index, "embedding": encode_embedding(output, encoding)}
-        for index, output in enumerate(outputs)
-    ]
-    usage = {"prompt_tokens": 0, "total_tokens": 0}
-    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
+    result = await run(request, request.app[CONFIG].default_model, [text], {})
+    return with_tokens(json_response(result.outputs[0]), result)
 
 
 async def get_health(request: web.Request) -> web.Response:
@@ -125,18 +74,14 @@ def worker_count(stats: Mapping[str, Any], model: str) -> int:
 
 
 async def get_models(request: web.Request) -> web.Response:
-    """Every model the brokers know, with its figures and workers (merged over the brokers)."""
-    return web.json_response(models_listing(await fleet_stats(request)))
+    """Every model the brokers know: its task, the routes of each dialect that answer it, its figures and
+    workers (merged over the brokers)."""
+    return web.json_response(models_listing(await fleet_stats(request), request.app[CONFIG].tei_models))
 
 
 async def get_stats(request: web.Request) -> web.Response:
     """The brokers' statistics: merged at the top level, each broker's as it sent them under ``brokers``."""
     return web.json_response(jsonable(await fleet_stats(request)))
-
-
-async def fleet_stats(request: web.Request) -> dict[str, Any]:
-    """Every broker's statistics in one view (zbatch/client/stats.py); the error if none answers."""
-    return merge_stats(await request.app[CLIENT].stats_by_broker())
 
 
 async def get_openapi(request: web.Request) -> web.Response:

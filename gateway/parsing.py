@@ -8,7 +8,7 @@ headers' names and values from here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -33,14 +33,12 @@ ENCODINGS = ("float", "base64")
 async def read_body(
     request: web.Request, content_types: Collection[str], *, optional: bool = False
 ) -> bytes:
-    """The body, after refusing an oversize declared length or a content type we cannot read.
+    """The body, after refusing a content type we cannot read.
 
-    ``optional`` accepts a request without a Content-Type header.  Chunked bodies
-    have no length up front; the application's ``client_max_size`` stops those.
+    ``optional`` accepts a request without a Content-Type header.  The in-flight
+    guard (gateway/guard.py) has read the body already, within the body timeout
+    and the size limit, so this only hands it over.
     """
-    limit = request.app[CONFIG].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError("payload_too_large", f"the body has {request.content_length} bytes; the limit is {limit}")
     if (
         not (optional and hdrs.CONTENT_TYPE not in request.headers)
         and request.content_type not in content_types
@@ -52,7 +50,11 @@ async def read_body(
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object."""
-    body = await read_body(request, JSON_TYPES)
+    return json_object(await read_body(request, JSON_TYPES))
+
+
+def json_object(body: bytes | memoryview) -> dict[str, Any]:
+    """``body`` parsed as a JSON object, or a 400 that says what is wrong with it."""
     if not body:
         raise bad_request("the body is empty; send a JSON object")
     try:
@@ -78,16 +80,16 @@ def decode_text(body: bytes, charset: str | None) -> str:
 def parse_inputs(body: Mapping[str, Any], field: str) -> tuple[list[str], bool]:
     """The texts to run, and whether a single string came in (so a single output goes out)."""
     if field not in body:
-        raise bad_request(f'missing "{field}"')
+        raise bad_request(f'missing "{field}"', param=field)
     value = body[field]
     if isinstance(value, str):
         texts, single = [value], True
     elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         texts, single = value, False
     else:
-        raise bad_request(f'"{field}" must be a string or a non-empty list of strings')
+        raise bad_request(f'"{field}" must be a string or a non-empty list of strings', param=field)
     if not all(texts):
-        raise bad_request(f'"{field}" must not contain empty strings')
+        raise bad_request(f'"{field}" must not contain empty strings', param=field)
     return texts, single
 
 
@@ -101,24 +103,52 @@ def parse_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     return parameters
 
 
-def parse_embeddings(body: Mapping[str, Any]) -> tuple[str, list[str], str]:
-    """An OpenAI embeddings request: its model, its texts and its ``encoding_format``."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request('"model" must be a non-empty string')
-    texts, _ = parse_inputs(body, "input")
-    encoding = body.get("encoding_format") or "float"
-    if encoding not in ENCODINGS:
-        raise bad_request('"encoding_format" must be "float" or "base64"')
-    return model, texts, encoding
+def optional_flag(body: Mapping[str, Any], name: str) -> bool | None:
+    """A true/false field, None when absent or null."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f'"{name}" must be true or false', param=name)
+    return value
 
 
-def check_limits(config: GatewayConfig, model: str, texts: list[str]) -> None:
-    """Refuse a model name, more inputs or longer ones than this gateway takes, before the broker sees them."""
-    if len(texts) > config.max_inputs:
-        raise ApiError("too_many_inputs",
-                       f"{len(texts)} inputs; the limit is {config.max_inputs} per request: split it")
-    longest = max(map(len, texts))
+def model_options(body: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The model parameters among ``names`` that the body sets (null: unset), checked and in the worker's terms.
+
+    ``normalize``, ``truncate``, ``raw_scores`` and ``add_special_tokens`` are true or false;
+    ``truncation_direction`` is left or right (any case, as TEI takes it); ``dimensions`` a whole
+    number of at least 1 (the worker knows the model's size, and refuses more).  ``prompt_name``
+    (TEI, Hugging Face) is refused: the workers keep no prompts; prepend yours to the text.
+    """
+    parameters: dict[str, Any] = {}
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "truncation_direction":
+            if not isinstance(value, str) or value.lower() not in ("left", "right"):
+                raise bad_request('"truncation_direction" must be "left" or "right"', param=name)
+            parameters[name] = value.lower()
+        elif name == "dimensions":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad_request('"dimensions" must be a whole number of at least 1', param=name)
+            parameters[name] = value
+        elif name == "prompt_name":
+            raise bad_request('"prompt_name" is not supported: the workers keep no prompts; put the prompt at '
+                              "the start of each text instead", param=name)
+        else:
+            parameters[name] = optional_flag(body, name)
+    return parameters
+
+
+def check_limits(config: GatewayConfig, model: str, items: int, texts: Iterable[str] = ()) -> None:
+    """Refuse a model name, more inputs or longer texts than this gateway takes, before the broker sees them.
+
+    ``items``: how many inputs; ``texts``: every text in them (both of a pair; none for images, which
+    the body size bounds).
+    """
+    if items > config.max_inputs:
+        raise ApiError("too_many_inputs", f"{items} inputs; the limit is {config.max_inputs} per request: split it")
+    longest = max(map(len, texts), default=0)
     if longest > config.max_input_chars:
         raise ApiError("input_too_long",
                        f"an input has {longest} characters; the limit is {config.max_input_chars}")

@@ -9,6 +9,7 @@ stats follow the STATS payload of zbatch/protocol/PROTOCOL.md (section 3.6).
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,19 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from gateway.tasks import dialect_routes
+
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("zbatch")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0"
+
+
+VERSION = _version()  # what /info (TEI) and /v2 (KServe) say the server's version is
 
 
 def json_response(value: Any) -> web.Response:
@@ -51,16 +64,18 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def models_listing(stats: Mapping[str, Any]) -> dict[str, Any]:
-    """``GET /models``: every model the broker knows, its figures, and the workers serving it."""
+def models_listing(stats: Mapping[str, Any], tei_models: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /models``: every model the broker knows, its task, the routes of each dialect that answer it
+    (gateway/tasks.py; TEI's only where ``tei_models`` puts it), its figures and the workers serving it."""
     workers = stats.get("workers", [])
-    return {
-        "models": [
-            {
-                "name": name,
-                "workers": [jsonable(w) for w in workers if name in w.get("models", ())],
-                "stats": jsonable(figures),
-            }
-            for name, figures in sorted(stats.get("models", {}).items())
-        ]
-    }
+    listing = []
+    for name, figures in sorted(stats.get("models", {}).items()):
+        task = (figures.get("info") or {}).get("task")
+        listing.append({
+            "name": name,
+            "task": task,
+            "dialects": dialect_routes(name, task, tei_models),
+            "workers": [jsonable(w) for w in workers if name in w.get("models", ())],
+            "stats": jsonable(figures),
+        })
+    return {"models": listing}

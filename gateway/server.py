@@ -5,22 +5,38 @@ set the app up and listen; the HTTP listener is essential.  Drain: stop
 listening, then let the requests in flight finish, for at most the request
 timeout plus the client's grace for the broker's deadline answer (the
 longest an accepted request can take).  Close: the broker client.
+
+The listener is the event loop's own server, not an aiohttp site: its
+protocol is :class:`gateway.connections.Connection`, which caps the open
+connections and holds each request's headers to a deadline, and its listen
+backlog is a setting (aiohttp's default, 128, overflows in a burst of new
+connections, and the kernel drops what overflows until the clients retry a
+second later).  At start the gateway warns when the host would not let the
+cap or the backlog take effect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.connections import Connection
+from gateway.metrics import METRICS
 from zbatch.client import AsyncClient
 from zbatch.runtime import daemon
 from zbatch.runtime.curve import client_keys
 
 log = logging.getLogger("zbatch.gateway")
+
+RESERVED_FILES = 64  # what the gateway opens besides its connections: the broker client, the loop, logs
+PROCESS_HEADER = "X-Zbatch-Pid"  # with reuse_port: which of the processes on the port answered
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # Linux's cap on any listen backlog
 
 
 class GatewayServer(daemon.Service):
@@ -31,46 +47,89 @@ class GatewayServer(daemon.Service):
         self.config = config
         self._client: AsyncClient | None = None
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._listener: asyncio.AbstractServer | None = None
         self._drain_s = 0.0
 
     async def start(self) -> daemon.Essentials:
         config = self.config
         curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
-        self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve)
+        self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
+                                            heartbeat_ms=config.heartbeat_ms,
+                                            heartbeat_liveness=config.heartbeat_liveness)
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
+        app = create_app(config, client)
+        connections = app[METRICS].connections(config.max_open_connections, config.header_timeout_ms / 1000)
+        if config.reuse_port:  # one of several processes on this port: say which one answers
+            app.on_response_prepare.append(name_the_process)
         # handler_cancellation: a caller who hangs up cancels its handler, and
         # AsyncClient then tells the broker to skip the work.
+        self._runner = runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=self._drain_s)
+        await runner.setup()
+        server = runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
         # access_log=None: the app writes its own access line, with the request id (gateway/tracing.py).
-        self._runner = web.AppRunner(create_app(config, client), handler_cancellation=True,
-                                     shutdown_timeout=self._drain_s, access_log=None)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, config.host, config.port)
-        await self._site.start()
-        log.info("zbatch-gateway listening on %s", _url(config.host, self._runner.addresses[0][1]))
-        listener = self._site._server  # the asyncio server: aiohttp keeps it there, and has no accessor
-        assert listener is not None
+        options = {"loop": loop, "keepalive_timeout": config.idle_timeout_ms / 1000, "access_log": None}
+        self._listener = listener = await loop.create_server(
+            lambda: Connection(server, connections, **options), config.host, config.port,
+            backlog=config.listen_backlog, reuse_port=True if config.reuse_port else None,
+        )
+        port = listener.sockets[0].getsockname()[1]
+        log.info("zbatch-gateway listening on %s", _url(config.host, port))
+        warn_of_host_limits(config)
         return {"the HTTP listener": asyncio.ensure_future(listener.wait_closed())}
 
     def status_line(self) -> str:
         return f"listening on {self.config.host}:{self.config.port}, broker {self.config.frontend}"
 
     async def drain(self) -> None:
-        assert self._site is not None and self._runner is not None
         log.info("no longer accepting connections; waiting up to %.1f s for requests in flight", self._drain_s)
-        await self._site.stop()
+        self._stop_listening()
         await self._cleanup_runner()
 
     async def close(self) -> None:
+        self._stop_listening()
         await self._cleanup_runner()
         if self._client is not None:
             await self._client.close()
 
+    def _stop_listening(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+
     async def _cleanup_runner(self) -> None:
-        """Stop listening if it still does, wait for the requests in flight (within the drain), clean the app up."""
+        """Close idle connections, wait for the requests in flight (within the drain), clean the app up."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+
+async def name_the_process(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Say which process answered, where several share the port (a signal handler of the app)."""
+    response.headers[PROCESS_HEADER] = str(os.getpid())
+
+
+def warn_of_host_limits(config: GatewayConfig) -> None:
+    """Warn of a limit of this host that would keep the connection cap or the listen backlog from working."""
+    files = daemon.open_file_limit()
+    if files is not None and files < config.max_open_connections + RESERVED_FILES:
+        log.warning(
+            "max_open_connections is %d but the open-file limit is %d: past about %d connections, new ones "
+            "cannot be accepted at all; raise the limit (LimitNOFILE= in the unit, ulimit -n) or lower "
+            "max_open_connections", config.max_open_connections, files, max(0, files - RESERVED_FILES))
+    somaxconn = _read_int(SOMAXCONN)
+    if somaxconn is not None and config.listen_backlog > somaxconn:
+        log.warning(
+            "listen_backlog is %d but the kernel caps it at net.core.somaxconn, %d: raise that "
+            "(sysctl -w net.core.somaxconn=%d) or a burst of new connections overflows the queue",
+            config.listen_backlog, somaxconn, config.listen_backlog)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _url(host: str, port: int) -> str:

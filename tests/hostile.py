@@ -22,7 +22,7 @@ import zmq
 
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.protocol import wire
-from zbatch.protocol.wire import BatchCounters, Heartbeat, ModelInfo, Ready, Request
+from zbatch.protocol.wire import BatchCounters, Heartbeat, ModelInfo, Ready, Reply, Request, Status
 
 Context = zmq.Context[zmq.Socket[bytes]]
 
@@ -69,6 +69,8 @@ class HostileWorker:
         self.socket.setsockopt(zmq.SNDHWM, 1_000_000)
         self.socket.connect(backend)
         self.received = 0  # requests
+        self.job_ids: list[bytes] = []  # of the requests received, in order
+        self.silent = False  # True: keeps its connection but sends nothing more, as a host that froze
         self._heartbeat = wire.encode_heartbeat()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -87,6 +89,9 @@ class HostileWorker:
         with self._lock:
             self.socket.send_multipart(frames)
 
+    def reply(self, job_id: bytes, status: Status, message: str = "") -> None:
+        self.send(wire.encode_reply(Reply(job_id, status, message)))
+
     def start(self) -> HostileWorker:
         self._thread.start()
         return self
@@ -102,8 +107,11 @@ class HostileWorker:
             with self._lock:
                 while self.socket.poll(0):
                     frames = self.socket.recv_multipart()  # requests and heartbeats: read, never answered
-                    self.received += frames[0] == wire.HEADERS[wire.Command.REQUEST]
-                self.socket.send_multipart(self._heartbeat)
+                    if frames[0] == wire.HEADERS[wire.Command.REQUEST]:
+                        self.received += 1
+                        self.job_ids.append(frames[1])
+                if not self.silent:
+                    self.socket.send_multipart(self._heartbeat)
 
 
 def _msgpack_uint(value: int) -> bytes:

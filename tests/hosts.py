@@ -92,7 +92,7 @@ class Host:
         """A daemon on this host (no wait).  The test network is private and has no CURVE keys, so the
         daemons are told to trust it (``ZBATCH_INSECURE``): without it they refuse its addresses."""
         return spawn_wrapped(["ip", "netns", "exec", self.netns], module, name, log_dir, *args,
-                             env={"ZBATCH_INSECURE": "true"} | (env or {}), **settings)
+                             env={"ZBATCH_INSECURE": "true"} | (env or {}), interpreter=None, **settings)
 
     def enter(self) -> None:
         enter_namespace(self.netns)

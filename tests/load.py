@@ -26,12 +26,15 @@ class Load:
     """``concurrency`` clients posting texts to ``url`` until stopped; every request is accounted for.
 
     ``enter`` runs first in the load's thread (to move it into a network namespace, say).
+    With ``fresh_connections`` each request opens a connection of its own, as a new client would;
+    otherwise each client keeps its connection alive.
     """
 
     url: str
     concurrency: int = 8
     timeout_s: float = 60.0
     enter: Callable[[], None] | None = None
+    fresh_connections: bool = False
     answers: list[Answer] = field(default_factory=list)
     sent: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -66,7 +69,8 @@ class Load:
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        connector = aiohttp.TCPConnector(force_close=self.fresh_connections)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
 
     async def _client(self, session: aiohttp.ClientSession, number: int) -> None:

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DAEMONS = ("broker", "worker", "gateway")
 PACKAGES = ("zbatch", *DAEMONS)
 # Sans-I/O: they take a clock and return decisions; the shells around them do the I/O.
-PURE_MODULES = ("broker.core", "broker.state", "zbatch.protocol.wire", "zbatch.protocol.payloads",
-                "worker.batching", "worker.assembler", "worker.threads")
+PURE_MODULES = ("broker.core", "broker.state", "zbatch.protocol.messages", "zbatch.protocol.wire",
+                "zbatch.protocol.payloads", "worker.batching", "worker.assembler", "worker.threads",
+                "zbatch.supervisor.policy")
 
 
 def imported_packages(path: Path) -> set[str]:

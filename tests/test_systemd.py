@@ -14,6 +14,7 @@ from broker.config import BrokerConfig
 from broker.config import load_config as load_broker_config
 from gateway.config import GatewayConfig
 from gateway.config import load_config as load_gateway_config
+from gateway.server import RESERVED_FILES
 from worker.config import WorkerConfig
 from worker.config import load_config as load_worker_config
 from zbatch.client import AsyncClient
@@ -89,7 +90,8 @@ def test_services_are_set_up_for_production(daemon: str) -> None:
     settings = {key: value for _, key, value in directives(path)}
     for key, value in ({"Type": "notify", "NotifyAccess": "main", "WatchdogSec": "30",
                        "Restart": "on-failure", "RestartSec": "2", "User": "zbatch", "Group": "zbatch",
-                       "PartOf": "zbatch.target", "WantedBy": "zbatch.target"} | HARDENING).items():
+                       "PartOf": "zbatch.target", "WantedBy": "zbatch.target", "LimitNOFILE": "65536"}
+                      | HARDENING).items():
         assert settings.get(key) == value, f"{path.name}: {key}={settings.get(key)}, want {value}"
     assert values(path, "ExecStart") == [
         f"/opt/zbatch/venv/bin/zbatch-{daemon} --config /etc/zbatch/zbatch.toml"
@@ -102,6 +104,11 @@ def test_services_are_set_up_for_production(daemon: str) -> None:
         assert ports, "metrics are on in the units (the daemons' default is off)"
 
 
+def test_the_gateway_connection_cap_fits_in_the_open_file_limit() -> None:
+    limit = int(values(UNITS / SERVICES["gateway"], "LimitNOFILE")[0])
+    assert GatewayConfig().max_open_connections + RESERVED_FILES <= limit
+
+
 def test_stop_timeouts_outlast_the_drains() -> None:
     drain_s = max(BrokerConfig().drain_timeout_ms, WorkerConfig().drain_timeout_ms) / 1000
     for daemon in ("broker", "worker"):
@@ -110,6 +117,12 @@ def test_stop_timeouts_outlast_the_drains() -> None:
     gateway_drain_s = (GatewayConfig().timeout_ms + grace_ms) / 1000
     assert seconds(values(UNITS / SERVICES["gateway"], "TimeoutStopSec")[0]) >= gateway_drain_s + 10
 
+
+def test_open_files_outnumber_the_connections() -> None:
+    """systemd's default soft limit (1024) is below a gateway's max_connections plus its idle keep-alives."""
+    for daemon in SERVICES:
+        limit = values(UNITS / SERVICES[daemon], "LimitNOFILE")
+        assert limit and int(limit[0]) >= 4 * GatewayConfig().max_connections, f"{daemon}: LimitNOFILE={limit}"
 
 def test_worker_sees_exactly_its_gpu_and_explains_what_it_leaves_out() -> None:
     path = UNITS / SERVICES["worker"]

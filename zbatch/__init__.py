@@ -10,6 +10,9 @@ Rooms
   TOML), logging, sd_notify, the event loop, histograms, the metrics page,
   CURVE, the ZeroMQ socket helpers and the one daemon skeleton.
 * :mod:`zbatch.tools`: the small commands ``zbatch-status`` and ``zbatch-keys``.
+* :mod:`zbatch.supervisor`: ``zbatch serve``, which runs and restarts a whole
+  stack, and the supervision the gateway's ``--processes`` uses too; the
+  ``zbatch`` command (:mod:`zbatch.cli`) runs it and the tools.
 * :mod:`zbatch.testing`: real daemons on free ports, always stopped: the
   harness of the tests and the benchmarks, and of your own integration tests.
 
@@ -19,8 +22,8 @@ Rules
    one another.  Anything two daemons need lives here.
    (``tests/test_layout.py`` walks the imports and fails on a crossing.)
 2. Nothing in ``zbatch`` imports a daemon package.
-3. The sans-I/O parts (the protocol here, the broker's core, the worker's
-   batching policy) import neither ``zmq`` nor ``asyncio``: they take a clock
+3. The sans-I/O parts (the protocol here, the supervisor's restart policy,
+   the broker's core, the worker's batching policy) import neither ``zmq`` nor ``asyncio``: they take a clock
    and return decisions, and the caller does the I/O.
 4. Importing ``zbatch`` itself is cheap: ``Client`` and ``AsyncClient`` are
    loaded on first use, so the broker core can import the protocol without

@@ -172,23 +172,26 @@ def daemon_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def spawn(module: str, name: str, log_dir: Path, /, *args: str, env: Mapping[str, str] | None = None,
-          **settings: object) -> Daemon:
+          interpreter: str | None = None, **settings: object) -> Daemon:
     """Start ``python -m module *args`` plus ``settings`` as flags, logging to ``log_dir/name.log``; no wait.
 
-    ``env`` adds variables to :func:`daemon_env`.  A setting may be called ``name``
-    (the worker's ``--name``): ``module``, ``name`` and ``log_dir`` are positional only.
+    ``env`` adds variables to :func:`daemon_env`.  ``interpreter``: the Python that runs the module,
+    this one by default (another virtual environment's, for a program that cannot share this one's
+    packages).  A setting may be called ``name`` (the worker's ``--name``): ``module``, ``name`` and
+    ``log_dir`` are positional only.
     """
-    return spawn_wrapped((), module, name, log_dir, *args, env=env, **settings)
+    return spawn_wrapped((), module, name, log_dir, *args, env=env, interpreter=interpreter, **settings)
 
 
 def spawn_wrapped(wrap: Sequence[str], module: str, name: str, log_dir: Path, /, *args: str,
-                  env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+                  env: Mapping[str, str] | None = None, interpreter: str | None = None,
+                  **settings: object) -> Daemon:
     """:func:`spawn` under ``wrap``, a command that runs the daemon's command line by ``exec``, so the
     pid and signals stay the daemon's: ``["ip", "netns", "exec", NAME]`` starts it in a network namespace."""
     log_path = log_dir / f"{name}.log"
+    command = [*wrap, interpreter or sys.executable, "-m", module, *args, *flags(settings)]
     with log_path.open("wb") as log:
-        process = subprocess.Popen([*wrap, sys.executable, "-m", module, *args, *flags(settings)], stdout=log,
-                                   stderr=subprocess.STDOUT, env=daemon_env(env), cwd=ROOT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=daemon_env(env), cwd=ROOT)
     return Daemon(name, process, log_path)
 
 
@@ -238,7 +241,7 @@ def start_broker(log_dir: Path, name: str = "broker", *, env: Mapping[str, str] 
     """
     ends = {"frontend": str(settings.pop("frontend", None) or endpoint()),
             "backend": str(settings.pop("backend", None) or endpoint())}
-    daemon = spawn("broker", name, log_dir, env=env, **ends, **settings)
+    daemon = spawn("broker", name, log_dir, env=env, interpreter=None, **ends, **settings)
     daemon.endpoints, daemon.curve = ends, curve
     return _started(daemon, lambda: broker_stats(daemon.frontend, curve=curve) is not None, "the broker to answer")
 
@@ -266,26 +269,33 @@ def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True,
     """
     settings = {"backend": broker.backend, "name": name, "workers": 2, "cores_ledger": str(log_dir / "cores")
                 } | settings
-    daemon = spawn("worker", name, log_dir, env=env, **settings)
+    daemon = spawn("worker", name, log_dir, env=env, interpreter=None, **settings)
     if wait:
         _started(daemon, lambda: _lists(broker, daemon), f"worker {name} to register")
     return daemon
 
 
 def start_http(module: str, name: str, log_dir: Path, /, *args: str, ready: str = "/healthz",
-               env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
-    """A module that serves HTTP on ``--port``, on a free port; ready once ``GET ready`` answers 200."""
+               env: Mapping[str, str] | None = None, interpreter: str | None = None, **settings: object) -> Daemon:
+    """A module that serves HTTP on ``--port``, on a free port; ready once ``GET ready`` answers 200.
+
+    ``interpreter``: as for :func:`spawn`.
+    """
     port = free_port()
-    daemon = spawn(module, name, log_dir, *args, env=env, **settings, port=port)
+    daemon = spawn(module, name, log_dir, *args, env=env, interpreter=interpreter, **settings, port=port)
     daemon.endpoints["url"] = f"http://127.0.0.1:{port}"
     return _started(daemon, lambda: http_status(daemon.url + ready) == 200, f"{name} to answer {ready}")
 
 
 def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env: Mapping[str, str] | None = None,
                   **settings: object) -> Daemon:
-    """A gateway in front of ``broker``; ``ready="/readyz"`` also waits until it reaches the broker."""
-    settings = {"frontend": broker.frontend} | settings
-    return start_http("gateway", "gateway", log_dir, ready=ready, env=env, **settings)
+    """A gateway in front of ``broker``; ``ready="/readyz"`` also waits until it reaches the broker.
+
+    One process unless ``processes=`` says otherwise (the gateway's own default is one per core): a test's
+    limits and counts are then those of one process, whatever the host.
+    """
+    settings = {"frontend": broker.frontend, "processes": 1} | settings
+    return start_http("gateway", "gateway", log_dir, ready=ready, env=env, interpreter=None, **settings)
 
 
 class Daemons(dict[str, Daemon]):

@@ -1,4 +1,8 @@
-"""``scripts/bench [--quick] [--cases a,b] [--out DIR] [--quiet-wait S] [--note TEXT]``: run, print, write reports."""
+"""``scripts/bench [--quick] [--cases a,b] [--peers a,b] [--out DIR] [--quiet-wait S] [--note TEXT]``: run and report.
+
+The peers case (other serving frameworks, installed on first use) runs in a full run and when
+``--cases`` names it, never by default with ``--quick``, which CI runs.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from scripts.benchmarks import (
     cases_infra,
     cases_model,
     cases_overload,
+    cases_peers,
     charts,
     history,
     load,
@@ -42,6 +47,7 @@ OTHER_CASES: dict[str, Case] = {
     "scale": cases_infra.scale,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)
+NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes
 # The long-lived systems each case uses (see Context.release); the model cases' come from cases_model.needs.
 NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}}
 
@@ -52,8 +58,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="smoke test: ~2.5 s per point after 1 s warm-up, fewer concurrency points")
     parser.add_argument("--note", default=None, metavar="TEXT",
                         help="append a dated line to BENCHMARKS.md's History: TEXT and this run's key ratios")
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated cases to run (default: all): {', '.join(CASES)}")
+    parser.add_argument("--cases", default=None,
+                        help=f"comma-separated cases to run (default: all; with --quick all but "
+                             f"{', '.join(NOT_QUICK)}): {', '.join(CASES)}")
+    parser.add_argument("--peers", default=",".join(cases_peers.PEER_NAMES),
+                        help="the peers case's frameworks, comma-separated (default: all): "
+                             f"{', '.join(cases_peers.PEER_NAMES)}")
     parser.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                         help="before each measurement, wait up to this long for other processes to leave the "
                              "CPU idle, and measure once more if they disturbed it anyway "
@@ -62,11 +72,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="directory for every output (default: BENCHMARKS.md in the repo root, "
                              "bench-results.json and charts in bench-out/)")
     args = parser.parse_args(argv)
+    if args.cases is None:
+        args.cases = ",".join(c for c in CASES if not (args.quick and c in NOT_QUICK))
     chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in CASES]
     if unknown or not chosen:
         parser.error(f"unknown case(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CASES)}")
     args.cases = [c for c in CASES if c in chosen]
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = [p for p in args.peers if p not in cases_peers.PEER_NAMES]
+    if unknown:
+        parser.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(cases_peers.PEER_NAMES)}")
     return args
 
 
@@ -118,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(native.ENV, None)
     load.QUIET["wait_s"] = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 60.0)
     load.QUIET["retries"] = 1 if load.QUIET["wait_s"] > 0 else 0
+    cases_peers.SELECTED["peers"] = tuple(args.peers)
     ctx = Context(settings)
     started = time.monotonic()
     try:

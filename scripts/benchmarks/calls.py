@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 import json
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -41,13 +42,20 @@ async def saved_answer(url: str, text: str) -> Path:
     return body_file
 
 
-def _bodies(texts: list[str]) -> Iterator[bytes]:
-    return itertools.cycle([json.dumps({"inputs": text}).encode() for text in texts])
+def gateway_body(text: str) -> Any:
+    """One text as the gateway's ``/models/{model}`` takes it (and the baselines, and most peers)."""
+    return {"inputs": text}
 
 
-def http_call(session: aiohttp.ClientSession, url: str, texts: list[str]) -> Call:
-    """POST one text as ``{"inputs": text}`` (the gateway's /models/{model} shape); status "ok" or the code."""
-    bodies = _bodies(texts)
+def _bodies(texts: list[str], body: Callable[[str], Any]) -> Iterator[bytes]:
+    return itertools.cycle([json.dumps(body(text)).encode() for text in texts])
+
+
+def http_call(session: aiohttp.ClientSession, url: str, texts: list[str],
+              body: Callable[[str], Any] = gateway_body) -> Call:
+    """POST one text as JSON, ``{"inputs": text}`` unless ``body`` shapes it otherwise (a peer's own API);
+    status "ok" or the code.  Bodies are encoded once, before the loop."""
+    bodies = _bodies(texts, body)
     headers = {"Content-Type": "application/json"}
 
     async def call() -> str:

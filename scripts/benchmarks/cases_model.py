@@ -11,15 +11,19 @@ out.
 
 ``zbatch-serve`` is zbatch as ``scripts/serve`` ships it: a broker, two
 workers that share the cores through their cores ledger, and the gateway.
-It is compared with the best peer at each concurrency: the Hugging Face
-guide's two servers, and the ``peers`` case's systems when they run in the
-same rounds.
+It is held to the same limit and Hugging Face servers as ``zbatch-http``
+(one worker); against real serving frameworks it runs in ``peers``.
 
 ``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (faster
 on CPUs with AVX512-BF16 or AMX), measured against a limit process in
 bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
 same rounds when that case runs as well.  The Hugging Face guide's servers
 stay float32, as the guide writes them.
+
+``peers`` (:mod:`scripts.benchmarks.cases_peers`) is zbatch over HTTP next to
+other serving frameworks, at the end of each concurrency's points: its own
+zbatch points (the ``zbatch-serve`` stack, then the one-worker stack), then
+each peer's, so that its ratios pair points measured one after the other.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.benchmarks import batches, procs
+from scripts.benchmarks import batches, cases_peers, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, ZbatchStack, row, system_key
 from scripts.benchmarks.load import closed_loop, quiet
@@ -37,21 +41,22 @@ from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient
 
-CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16")
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16",
+         "peers")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
                 "zbatch-serve": "zbatch, scripts/serve (2 workers)",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
-PEER_CASES = ("baseline-naive", "baseline-batched", "peers")  # what a user would run instead of zbatch
 # (batch size, padding-aware grouping) of each limit case's points.
 LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
                 "limit-bf16": ((1, False), (32, False), (32, True))}
 LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
 LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
-GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched")),
+GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "peers")),
           ("limit-bf16", ("zbatch-bf16",)))
-LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases}  # the limit each system is held to
+# the limit each system is held to (the peers case has no ratio to a limit)
+LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases if served in SYSTEM_NAMES}
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ def needs(selected: list[str]) -> set[str]:
     """The long-lived systems the selected model cases run on (names as in Context.release)."""
     wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"}, "zbatch-serve": {"serve"},
               "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
-              "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")}}
+              "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")},
+              "peers": {"serve", "zbatch", "peers"}}
     return set().union(*(wanted[case] for case in selected if case in wanted))
 
 
@@ -95,13 +101,19 @@ async def run(ctx: Context, selected: list[str]) -> None:
         ctx.rows.append(row(case, system, concurrency, _median(rounds), rounds=rounds,
                             worker_batches=batches.merge([r.get("worker_batches", {}) for r in rounds])))
     _pair(ctx.rows)
+    if "peers" in selected:
+        cases_peers.pair(ctx.rows)
+        notes = (await ctx.peers()).notes()
+        for r in ctx.rows:
+            if r["case"] == cases_peers.CASE and r["system"] in cases_peers.ZBATCH_ROWS:
+                r["detail"]["peers"] = notes
 
 
 Measure = Callable[[], Awaitable[dict[str, Any]]]
+Makers = dict[str, list[tuple[str, Callable[[int], Measure]]]]  # by case: (system, measure-maker) of each system
 
 
-def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int], Measure]]
-           ) -> list[tuple[Point, Measure]]:
+def _round(ctx: Context, selected: list[str], measures: Makers) -> list[tuple[Point, Measure]]:
     """One round's points: each limit batch size right before the systems at the matching concurrency."""
     order: list[tuple[Point, Measure]] = []
     limits = [(case, *point) for case in _limit_cases(selected) for point in LIMIT_POINTS[case]]
@@ -110,7 +122,7 @@ def _round(ctx: Context, selected: list[str], measures: dict[str, Callable[[int]
             for point in [p for p in limits if p[0] == limit_case and p[1] <= c]:
                 limits.remove(point)
                 order.append(_limit_point(ctx, *point))
-            order += [(Point(case, SYSTEM_NAMES[case], c), measures[case](c)) for case in served if case in measures]
+            order += [(Point(case, system, c), maker(c)) for case in served for system, maker in measures.get(case, [])]
     order += [_limit_point(ctx, *point) for point in limits]
     return order
 
@@ -124,22 +136,23 @@ def _limit_point(ctx: Context, case: str, batch_size: int, grouped: bool) -> tup
     return Point(case, limit_name(batch_size, grouped), "-"), measure
 
 
-async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[int], Measure]]:
-    """Start the systems (limit first: it is the reference) and return one measure-maker per served case."""
+async def _measures(ctx: Context, selected: list[str]) -> Makers:
+    """Start the systems (limit first: it is the reference) and return the measure-makers of each served case."""
     s = ctx.settings
     for case in _limit_cases(selected):
         await ctx.limit(LIMIT_DTYPES[case])
-    makers: dict[str, Callable[[int], Measure]] = {}
+    makers: Makers = {}
     if "zbatch-http" in selected or "zbatch-zmq" in selected:
         stack = await ctx.zbatch()
         if "zbatch-http" in selected:
-            makers["zbatch-http"] = _zbatch_maker(ctx, stack, http=True)
+            makers["zbatch-http"] = [(SYSTEM_NAMES["zbatch-http"], _zbatch_maker(ctx, stack, http=True))]
         if "zbatch-zmq" in selected:
-            makers["zbatch-zmq"] = _zbatch_maker(ctx, stack, http=False)
+            makers["zbatch-zmq"] = [(SYSTEM_NAMES["zbatch-zmq"], _zbatch_maker(ctx, stack, http=False))]
     if "zbatch-serve" in selected:
-        makers["zbatch-serve"] = _zbatch_maker(ctx, await ctx.serve(), http=True)
+        makers["zbatch-serve"] = [(SYSTEM_NAMES["zbatch-serve"], _zbatch_maker(ctx, await ctx.serve(), http=True))]
     if "zbatch-bf16" in selected:
-        makers["zbatch-bf16"] = _zbatch_maker(ctx, await ctx.zbatch("bfloat16"), http=True)
+        makers["zbatch-bf16"] = [(SYSTEM_NAMES["zbatch-bf16"], _zbatch_maker(ctx, await ctx.zbatch("bfloat16"),
+                                                                              http=True))]
     for mode in ("naive", "batched"):
         if f"baseline-{mode}" in selected:
             baseline = await ctx.baseline(mode)
@@ -151,7 +164,12 @@ async def _measures(ctx: Context, selected: list[str]) -> dict[str, Callable[[in
                                                  s.duration_s, watch=baseline.daemons.pids())
                 return measure
 
-            makers[f"baseline-{mode}"] = baseline_maker
+            makers[f"baseline-{mode}"] = [(SYSTEM_NAMES[f"baseline-{mode}"], baseline_maker)]
+    if "peers" in selected:
+        peers = await ctx.peers()  # starts the zbatch stack first: the peers' vectors are checked against it
+        makers["peers"] = [(cases_peers.ZBATCH, _zbatch_maker(ctx, await ctx.serve(), http=True)),
+                           (cases_peers.ZBATCH_ONE, _zbatch_maker(ctx, await ctx.zbatch(), http=True)),
+                           *cases_peers.makers(s.warmup_s, s.duration_s, peers)]
     return makers
 
 
@@ -198,8 +216,6 @@ def _pair(rows: list[dict[str, Any]]) -> None:
     ``vs_limit``: texts/s over the limit at batch 32, ungrouped (the offline rate), in the row's dtype;
     ``vs_naive``, ``vs_batched``: over the HF guide's servers at the same concurrency (float32 rows);
     ``vs_float32``: the bfloat16 row over float32 zbatch-http at the same concurrency;
-    ``vs_best_peer`` (zbatch-serve): over the best of the peers (PEER_CASES) in each round, and ``best_peer``
-    the one that was best most often;
     ``p50_over_limit_ms``: at concurrency 1, p50 minus the limit's batch-1 p50.
     """
     by_key = {(r["case"], r["system"], r["concurrency"]): r for r in rows if r["detail"].get("rounds")}
@@ -221,23 +237,6 @@ def _pair(rows: list[dict[str, Any]]) -> None:
         if c == 1 and limit1 is not None:
             paired["p50_over_limit_ms"] = _paired(r, limit1, lambda a, b: a["p50_ms"] - b["p50_ms"])
         r["detail"]["paired"] = {k: v for k, v in paired.items() if v is not None}
-        if case == "zbatch-serve":
-            r["detail"]["paired"] |= _vs_best_peer(r, [p for p in rows if p["case"] in PEER_CASES
-                                                       and p["concurrency"] == c and p["detail"].get("rounds")])
-
-
-def _vs_best_peer(r: dict[str, Any], peers: list[dict[str, Any]]) -> dict[str, Any]:
-    """texts/s over the best peer of each round, the median over the rounds; and which peer was best most."""
-    ratios, best = [], []
-    for number, mine in enumerate(r["detail"]["rounds"]):
-        theirs = [(p["detail"]["rounds"][number].get("texts_s") or 0.0, p["system"]) for p in peers
-                  if number < len(p["detail"]["rounds"])]
-        if mine.get("texts_s") and theirs and max(theirs)[0] > 0:
-            ratios.append(mine["texts_s"] / max(theirs)[0])
-            best.append(max(theirs)[1])
-    if not ratios:
-        return {}
-    return {"vs_best_peer": statistics.median(ratios), "best_peer": max(set(best), key=best.count)}
 
 
 def _paired(r: dict[str, Any], ref: dict[str, Any], compare: Callable[[dict[str, Any], dict[str, Any]], float]

@@ -1,4 +1,4 @@
-"""PNG charts of one run: throughput and latency vs concurrency, batch sizes, scaling.
+"""PNG charts of one run: throughput and latency vs concurrency, batch sizes, peers, scaling.
 
 matplotlib is optional (scripts/bench installs it): without it the run still
 writes its table, BENCHMARKS.md and the JSON, and says the charts were skipped.
@@ -88,6 +88,26 @@ def write_charts(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             ax.set_title(f"zbatch-http, concurrency {r['concurrency']}", fontsize=9)
         axes[-1, 0].set_xlabel("batch size (items, Prometheus buckets of the worker)")
         save(fig, "batch_sizes.png")
+
+    peers = list(dict.fromkeys(r["system"] for r in rows if r["case"] == "peers"))
+    if peers:  # zbatch and each peer: texts/s and p50 by concurrency, side by side
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+        levels = sorted({r["concurrency"] for r in rows if r["case"] == "peers"})
+        for i, system in enumerate(peers):
+            points = sorted((r["concurrency"], r["texts_s"], r["p50_ms"]) for r in rows
+                            if r["case"] == "peers" and r["system"] == system and r["texts_s"] is not None)
+            look: dict[str, Any] = {"marker": "o", "color": f"C{i}", "label": system,
+                                    "linewidth": 2.5 if i == 0 else 1.2}  # zbatch first, in bold
+            left.plot([c for c, _, _ in points], [t for _, t, _ in points], **look)
+            right.plot([c for c, _, _ in points], [p for _, _, p in points], **look)
+        left.set(xlabel="concurrent clients (closed loop)", ylabel="texts/s", title="zbatch and its peers: throughput")
+        right.set(xlabel="concurrent clients (closed loop)", ylabel="p50 ms", yscale="log", title="p50 latency")
+        for ax in (left, right):
+            _log2_axis(ax, levels)
+            ax.grid(alpha=0.3, which="both")
+        left.set_ylim(bottom=0)
+        left.legend(fontsize=8, loc="lower right")
+        save(fig, "peers.png")
 
     series = sorted({r["detail"]["series"] for r in rows if r["case"] == "scale"})
     if series:

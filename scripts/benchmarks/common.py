@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.benchmarks import batches, procs
+from scripts.benchmarks import batches, cases_peers, procs
 from scripts.benchmarks.limit import LimitProcess
 from scripts.benchmarks.procs import MODEL
 from zbatch.testing import Daemons, broker_stats, start_broker
@@ -113,6 +113,7 @@ class Context:
     _stacks: dict[str, ZbatchStack] = field(default_factory=dict)  # by system_key("zbatch", dtype)
     _limits: dict[str, LimitProcess] = field(default_factory=dict)  # by system_key("limit", dtype)
     _baselines: dict[str, Baseline] = field(default_factory=dict)
+    _peers: cases_peers.PeerSystems | None = None
 
     def find(self, case: str, system: str | None = None, concurrency: int | str | None = None) -> dict[str, Any] | None:
         for r in self.rows:
@@ -151,8 +152,19 @@ class Context:
             self._baselines[mode] = Baseline(daemons, f"{url}/models/{MODEL}")
         return self._baselines[mode]
 
+    async def peers(self) -> cases_peers.PeerSystems:
+        """The other serving frameworks (see cases_peers.py), checked against the float32 zbatch stack's answers."""
+        if self._peers is None:
+            stack = await self.zbatch()
+            self._peers = await cases_peers.start(stack.url)
+        return self._peers
+
     async def release(self, keep: set[str]) -> None:
-        """Stop the long-lived systems not named in ``keep`` (system keys, or "naive" and "batched")."""
+        """Stop the long-lived systems not named in ``keep`` (system keys, "naive", "batched" or "peers")."""
+        if self._peers is not None and "peers" not in keep:
+            procs.log("stopping the peers")
+            self._peers.close()
+            self._peers = None
         for key in [k for k in self._stacks if k not in keep]:
             procs.log(f"stopping the {key} stack")
             procs.stop(self._stacks.pop(key).daemons)

@@ -63,6 +63,14 @@ def _tree(root: int, children: dict[int, list[int]]) -> list[int]:
     return pids
 
 
+def tree(root: int) -> list[int]:
+    """``root`` and every descendant of it alive now (a server's worker processes, and theirs)."""
+    try:
+        return _tree(root, _process_table()[0])
+    except (OSError, ValueError, IndexError):
+        return [root]
+
+
 def _tree_ticks(root: int, table: tuple[dict[int, list[int]], dict[int, int]] | None = None) -> int:
     """utime + stime of ``root`` and all its descendants alive now."""
     children, ticks = table or _process_table()

@@ -10,12 +10,17 @@ generator owns the event loop, so starts and waits run in a thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from scripts.benchmarks import cpu
 from zbatch.testing import (
     Daemon,
     DaemonFailure,
@@ -33,6 +38,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 MODEL = "all-MiniLM-L6-v2"
+LEFTOVER_GRACE_S = 10.0  # how long a stopped system's own processes may take to follow it
 ECHO_WORKER = "scripts.benchmarks.echo_worker"
 
 
@@ -71,6 +77,57 @@ def stop(daemons: Daemons) -> None:
         daemons.close()
     except DaemonFailure as failure:
         log(f"stopping a system: {failure}")
+
+
+def _signal_trees(daemons: Daemons, signum: int) -> list[int]:
+    """Send ``signum`` to every process of ``daemons`` and to all their descendants; returns their pids."""
+    pids = [pid for daemon in daemons.values() if daemon.alive() for pid in cpu.tree(daemon.pid)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    return pids
+
+
+def pause(daemons: Daemons) -> None:
+    """Freeze a system, child processes included (SIGSTOP), so that it takes no CPU while others are measured.
+
+    Some servers poll while idle (LitServe's batching loop wakes every millisecond): left running,
+    they would take CPU from whatever the bench measures meanwhile.
+    """
+    _signal_trees(daemons, signal.SIGSTOP)
+
+
+def resume(daemons: Daemons) -> None:
+    """Undo :func:`pause` (SIGCONT to the same processes)."""
+    _signal_trees(daemons, signal.SIGCONT)
+
+
+def stop_tree(daemons: Daemons) -> None:
+    """:func:`stop` a system that starts processes of its own, then kill what it left behind.
+
+    A paused system is resumed first, so that it can exit on SIGTERM.  Its descendants are listed
+    before the stop; any still running LEFTOVER_GRACE_S after it (a server that did not stop its
+    workers) get SIGKILL.
+    """
+    pids = _signal_trees(daemons, signal.SIGCONT)
+    stop(daemons)
+    deadline = time.monotonic() + LEFTOVER_GRACE_S  # orphans may still be on their way out (Ray's)
+    while (left := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        log(f"killed {len(left)} process(es) that {', '.join(daemons)} left running after SIGTERM")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from typing import Any
 from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
-CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "limit-bf16",
-              "zbatch-bf16", "routing", "gateway", "idle", "overload", "storm", "scale")
+CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched",
+              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
@@ -76,9 +76,12 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             parts.append(_ratio_text(paired.get("vs_limit"), f"{limit} b32"))
             parts.append(_ratio_text(paired.get("vs_batched"), "batched") if case.startswith("zbatch") else None)
             parts.append(_ratio_text(paired.get("vs_float32"), "float32"))
-            parts.append(_ratio_text(paired.get("vs_best_peer"), f"best peer ({paired.get('best_peer')})"))
             if "p50_over_limit_ms" in paired:
                 parts.append(f"{paired['p50_over_limit_ms']:+.1f} ms p50 over {limit} b1")
+        elif case == "peers":
+            if "vs_best_peer" in paired:
+                parts.append(f"{paired['vs_best_peer']:.2f}× best peer ({paired['best_peer']})")
+            parts.append(_ratio_text(paired.get("vs_zbatch"), "zbatch"))
         elif case in ("routing", "gateway"):
             ref = find(rows, case, "zmq.proxy" if case == "routing" else "bare aiohttp", c)
             if ref is not None and ref is not r:
@@ -163,8 +166,8 @@ CASE_NOTES = """
 * **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
 * **zbatch-serve**: zbatch as `scripts/serve` ships it: broker + its default 2 workers, which share the
-  cores through their cores ledger (`worker/cores.py`), + gateway; over HTTP like zbatch-http. Its ratio
-  `best peer` is over the fastest peer at the same concurrency in each round.
+  cores through their cores ledger (`worker/cores.py`), + gateway with its default settings; over HTTP like
+  zbatch-http.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
   and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
 * **zbatch-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, over HTTP, and its own limit
@@ -175,6 +178,16 @@ CASE_NOTES = """
   (the limit right before the systems it is compared with), rows show the median over the rounds, and the
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
   within a minute).
+* **peers**: zbatch over HTTP as `scripts/serve` ships it (the zbatch-serve stack: 2 workers sharing the
+  cores) and with one worker (the zbatch-http stack) next to other serving frameworks, each installed on
+  first use in its own venv (`$ZBATCH_BENCH_CACHE/peers/NAME`, default `~/.cache/zbatch-bench/peers/NAME`)
+  with torch's CPU build, and started from a small script of ours (`scripts/benchmarks/peers/`): Infinity,
+  mosec, Triton through PyTriton
+  (the real `tritonserver` and its dynamic batcher), LitServe, Ray Serve. All serve the same model folder the
+  same way (max batch 32, about 5 ms batching wait, 2 torch threads, truncation at 256 tokens, mean pooling,
+  L2 norm), and must give zbatch's vectors (cosine ≥ 0.9999) to be measured; each is frozen (SIGSTOP) except
+  while it is measured. Measured in the rounds above, after the other systems at each concurrency: zbatch's
+  two rows first, then each peer. Not in `--quick`; `scripts/bench --cases peers` runs it alone (`--peers` picks some).
 * **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load;
   the same broker with its hot path compiled by mypyc (`scripts/compile-native`, `ZBATCH_NATIVE_DIR`);
   plus a Python forwarder with no logic on the broker's event loop and socket calls: the floor for any
@@ -197,11 +210,11 @@ CASE_NOTES = """
 
 RATIO_NOTE = (
     "ratio: `limit b32` = texts/s over the limit at batch 32 (one padded pass), `limit-bf16 b32` the same in "
-    "bfloat16, `batched` = over baseline-batched at the same concurrency, `best peer` = over the fastest of "
-    "the peers (the HF guide's servers, the peers case) at the same concurrency in each round, `float32` = a "
-    "bfloat16 row over "
+    "bfloat16, `batched` = over baseline-batched at the same concurrency, `float32` = a bfloat16 row over "
     "the same point in float32, `over limit b1` = p50 minus the limit's batch-1 p50 (all paired within rounds, "
-    "except the limit-bf16 rows' `float32`: a ratio of medians); `proxy` / `bare` = req/s over zmq.proxy / "
+    "except the limit-bf16 rows' `float32`: a ratio of medians); `best peer` = zbatch's texts/s over the "
+    "fastest peer's in the same round (named: the fastest by median), `zbatch` = a peer's over zbatch's (paired "
+    "too); `proxy` / `bare` = req/s over zmq.proxy / "
     "bare aiohttp, with the added p50 latency; `over its model` = p50 minus the sleeping model's own mean "
     "time per call; `capacity` = goodput over the capacity measured at concurrency "
     "32; scale: over N times one worker of the same series, and over the simulated workers' ideal. other cpu: "

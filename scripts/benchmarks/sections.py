@@ -1,4 +1,4 @@
-"""The detail sections under the main table: overload, storm, worker batches, CPU per request.
+"""The detail sections under the main table: overload, storm, peers, CPU per request, worker batches.
 
 Each is Markdown, printed with the table and written into BENCHMARKS.md, and
 appears only when the run has rows for it.
@@ -63,6 +63,46 @@ def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
+    """zbatch and each peer by concurrency (req/s, p50), zbatch over the best peer, then each peer's install."""
+    zbatch = [r for r in peer_rows if r["system"] == "zbatch gateway"]
+    notes = zbatch[0]["detail"].get("peers", {}) if zbatch else {}
+    systems = list(dict.fromkeys(r["system"] for r in peer_rows))
+    levels = list(dict.fromkeys(r["concurrency"] for r in peer_rows))
+    rounds = max(len(r["detail"].get("rounds") or []) for r in peer_rows)
+    intro = ("zbatch over HTTP (the zbatch-http stack: broker, one worker with 2 torch threads, gateway, each at "
+             "its defaults otherwise, as `scripts/serve` starts them) next to other serving frameworks, each in its "
+             "own venv, serving the same model folder the same way: at most 32 items "
+             "a batch, about 5 ms batching wait, 2 torch threads, truncation at 256 tokens, mean pooling, L2 norm. "
+             "Before it was measured, each embedded five texts sent at once (one over 256 tokens) and had to give "
+             "zbatch's vectors "
+             "(lowest cosine below). The bench's closed-loop aiohttp load generator and texts, one text per request, "
+             f"a warm-up before each point; medians over {rounds} round(s), each peer frozen while the others ran. "
+             "Cells: requests/s · p50 ms.")
+    out = _table_start("Peers", intro, ["system", *(f"c={c}" for c in levels)])
+    cell = {(r["system"], r["concurrency"]): r for r in peer_rows}
+    for system in systems:
+        cells = [f"{number(r['req_s'])} · {number(r['p50_ms'])} ms" if (r := cell.get((system, c))) else "–"
+                 for c in levels]
+        out.append(f"| {system} | " + " | ".join(cells) + " |")
+    ratios = []
+    for c in levels:
+        paired = cell[("zbatch gateway", c)]["detail"].get("paired", {}) if ("zbatch gateway", c) in cell else {}
+        ratios.append(f"{paired['vs_best_peer']:.2f}× ({paired['best_peer']})" if "vs_best_peer" in paired else "–")
+    out.append("| **zbatch ÷ best peer** (texts/s, paired in rounds) | " + " | ".join(ratios) + " |")
+    installed = notes.get("peers", {})
+    if installed:
+        out += ["", "| peer | served as (`scripts/benchmarks/peers/`) | lowest cosine to zbatch | venv install | "
+                "venv size | packages |", "|---|---|---|---|---|---|"]
+        for system, note in installed.items():
+            versions = ", ".join(f"{k} {v}" for k, v in note["versions"].items())
+            out.append(f"| {system} | {note.get('setup', '')} | {note['cosine']:.7f} | {note['install_s']:.0f} s | "
+                       f"{note['size_mb']:,.0f} MB | {versions} |")
+    for name, why in notes.get("left_out", {}).items():
+        out += ["", f"Left out: **{name}**: {why}"]
+    return out
+
+
 def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
     out = _table_start("Batches the worker ran",
                        "From the worker's Prometheus histograms, scraped before and after each measurement "
@@ -114,6 +154,9 @@ def details(rows: list[dict[str, Any]]) -> list[str]:
     storm_rows = [r for r in ordered if r["case"] == "storm"]
     if storm_rows:
         lines += _storm(storm_rows)
+    peer_rows = [r for r in ordered if r["case"] == "peers"]
+    if peer_rows:
+        lines += _peers(peer_rows)
     cpu_rows = [r for r in ordered if _cpu_used(r)]
     if cpu_rows:
         lines += _cpu(cpu_rows)

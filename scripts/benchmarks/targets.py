@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
+from scripts.benchmarks import cases_peers
 from scripts.benchmarks.cases_infra import IDLE_SYSTEMS
 from scripts.benchmarks.report import find, idle_added, scale_one, times
 
@@ -82,7 +83,7 @@ def _default(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool |
     """zbatch as scripts/serve ships it against the best peer: a tie at one client, 1.2x from eight up."""
     for r in rows:
         paired = r["detail"].get("paired", {})
-        if r["case"] != "zbatch-serve" or "vs_best_peer" not in paired:
+        if r["case"] != cases_peers.CASE or r["system"] != cases_peers.ZBATCH or "vs_best_peer" not in paired:
             continue
         c, ratio = r["concurrency"], paired["vs_best_peer"]
         goal = 1.0 if c == 1 else 1.2

@@ -81,17 +81,22 @@ def test_gateway_counts_requests_by_model_and_status(observed: dict[str, Daemon]
     assert infer(gateway, {"inputs": ["one", "two"]})[0] == 200
     assert infer(gateway, {"inputs": []})[0] == 400
     assert http_json(f"{gateway.url}/models/no-such-model", {"inputs": "x"})[0] == 404
+    # Every dialect's inference route counts too.
+    assert http_json(f"{gateway.url}/v1/embeddings", {"model": MODEL, "input": "three"})[0] == 200
+    assert http_json(f"{gateway.url}/embed", {"inputs": "four"})[0] == 200
+    tensor = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["five"]}]}
+    assert http_json(f"{gateway.url}/v2/models/{MODEL}/infer", tensor)[0] == 200
     after = scrape(gateway.endpoints["metrics"])
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert delta("zbatch_gateway_requests_total", model=MODEL, status="200") == 1
+    assert delta("zbatch_gateway_requests_total", model=MODEL, status="200") == 4
     assert delta("zbatch_gateway_requests_total", model=MODEL, status="400") == 1
     # Names nobody serves are pooled, so callers cannot create series at will.
     assert delta("zbatch_gateway_requests_total", model="other", status="404") == 1
-    assert delta("zbatch_gateway_request_duration_seconds_count", model=MODEL) == 2
-    assert delta("zbatch_gateway_request_duration_seconds_bucket", model=MODEL, le="+Inf") == 2
+    assert delta("zbatch_gateway_request_duration_seconds_count", model=MODEL) == 5
+    assert delta("zbatch_gateway_request_duration_seconds_bucket", model=MODEL, le="+Inf") == 5
     assert value(after, "zbatch_gateway_requests_in_flight") == 0
     assert not any(labels and dict(labels).get("model") == "no-such-model" for _, labels in after)
 

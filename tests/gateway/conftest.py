@@ -35,10 +35,10 @@ class Response:
         return json.loads(self.body)
 
     def error_code(self) -> str:
-        """The ``error.code`` of a JSON error, after checking the documented shape."""
+        """The ``error.code`` of a JSON error, after checking the documented shape (OpenAI's under /v1)."""
         assert self.headers.get("content-type", "").startswith("application/json"), self
         error = self.json()["error"]
-        assert set(error) == {"code", "message"}, error
+        assert set(error) in ({"code", "message"}, {"code", "message", "type", "param"}), error
         assert isinstance(error["message"], str) and error["message"], error
         return str(error["code"])
 
@@ -104,10 +104,14 @@ class Gateway:
 def spawn_gateway(
     tmp_path: Path, *args: str, port: int | None = None, frontend: str | None = None
 ) -> Gateway:
-    """Start ``python -m gateway`` without waiting; by default its frontend has no listener."""
+    """Start ``python -m gateway`` without waiting; by default its frontend has no listener.
+
+    One gateway process, whatever the host's cores (tests/gateway/test_processes.py starts several).
+    """
     port = free_port() if port is None else port
     frontend = frontend or f"tcp://127.0.0.1:{free_port()}"
-    daemon = spawn("gateway", f"gateway-{port}", tmp_path, *args, host="127.0.0.1", port=port, frontend=frontend)
+    daemon = spawn("gateway", f"gateway-{port}", tmp_path, *args, host="127.0.0.1", port=port, frontend=frontend,
+                   processes=1)
     return Gateway(daemon, port, frontend)
 
 

@@ -30,7 +30,7 @@ def test_each_status_of_an_aiohttp_refusal_has_one_code() -> None:
 def test_every_code_the_gateway_raises_is_in_the_table() -> None:
     """Outside errors.py, whose codes come from the table itself, every ApiError names its code literally."""
     raised = set()
-    for source in GATEWAY.glob("*.py"):
+    for source in GATEWAY.rglob("*.py"):
         for node in ast.walk(ast.parse(source.read_text(), str(source))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ApiError":
                 code = node.args[0]

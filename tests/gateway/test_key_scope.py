@@ -8,11 +8,14 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from zbatch.client import AsyncClient
+from zbatch.protocol import payloads
+from zbatch.protocol.wire import Reply, Status
 
 KEY = "scope-test-key-0123456789"
 OPEN_WITHOUT_A_KEY = {"/healthz", "/metrics"}  # liveness, and the gateway's own counters for Prometheus
@@ -29,8 +32,12 @@ class Broker:
         return {"draining": False, "uptime_s": 1.0, "limits": {}, "workers": [worker],
                 "models": {"m": {"workers": 1, "backlog_items": 0}}}
 
-    async def infer(self, model: str, texts: list[str], parameters: dict[str, Any], **options: Any) -> list[Any]:
-        return [[0.5] for _ in texts]
+    async def stats_by_broker(self, **options: Any) -> dict[str, Any]:
+        return {"tcp://127.0.0.1:5555": await self.stats()}
+
+    async def request(self, model: str, payload: bytes, *, items: int, **options: Any) -> Reply:
+        outputs = {"outputs": [np.array([0.5], dtype=np.float32)] * items, "tokens": [3] * items}
+        return Reply(b"", Status.OK, payload=payloads.encode_payload(outputs))
 
 
 def test_no_route_shows_workers_without_a_key(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def test_wrong_content_type_gets_415(gateway: Gateway, path: str, headers: dict[
 
 
 @pytest.mark.parametrize(
-    ("method", "path"), [("GET", "/nope"), ("POST", "/v2/models/m"), ("GET", "/models/")]
+    ("method", "path"), [("GET", "/nope"), ("POST", "/v3/models/m"), ("GET", "/models/")]
 )
 def test_unknown_path_gets_json_404(gateway: Gateway, method: str, path: str) -> None:
     response = gateway.request(method, path)

@@ -57,7 +57,13 @@ def test_worker_count_reads_the_models_figures() -> None:
 
 
 def test_models_listing_groups_workers_by_model() -> None:
-    listing = models_listing(STATS)["models"]
+    listing = models_listing(STATS, {"/embed": "echo"})["models"]
     assert [m["name"] for m in listing] == ["echo", "idle"]
     assert [w["name"] for w in listing[0]["workers"]] == ["w1"]
-    assert listing[1] == {"name": "idle", "workers": [], "stats": STATS["models"]["idle"]}
+    assert listing[0]["task"] == "embeddings"
+    assert listing[0]["dialects"] == {
+        "huggingface": ["POST /models/echo", "POST /models/echo (sentence-similarity)"],
+        "kserve": ["POST /v2/models/echo/infer"], "openai": ["POST /v1/embeddings"], "tei": ["POST /embed"]}
+    assert listing[1] == {"name": "idle", "task": None, "workers": [], "stats": STATS["models"]["idle"],
+                          "dialects": {"huggingface": ["POST /models/idle"],
+                                       "kserve": ["POST /v2/models/idle/infer"]}}

@@ -52,6 +52,7 @@ from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 HEARTBEAT = wire.encode_heartbeat()
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
+REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
 
 
@@ -82,7 +83,7 @@ class AsyncClient:
         *,
         context: zmq.asyncio.Context | None = None,
         timeout_ms: int = 30_000,
-        reply_grace_ms: int = 2_000,
+        reply_grace_ms: int = REPLY_GRACE_MS,
         connect_timeout_ms: int = 500,
         overload_retries: int = 0,
         retry_backoff_ms: int = 50,

@@ -1,4 +1,4 @@
-"""zbatch wire protocol v1: every message, encoded and decoded, with no sockets.
+"""zbatch wire protocol v1: every message encoded and decoded, with no sockets.
 
 Theory of operation
 -------------------
@@ -17,6 +17,10 @@ is its implementation).  Small structured fields travel as msgpack maps in a
 that the broker never decodes: it only reads the request id, the model name,
 the item count and the timeout, and forwards the payload frame as it came.
 
+The messages themselves, their commands, statuses and limits, are plain data
+in :mod:`zbatch.protocol.messages`; this module re-exports them, so callers
+import a message and its codec from one place.
+
 Decoding is strict: anything that does not match the schema raises
 :class:`ProtocolError`, the only exception the decoders raise, so callers can
 answer "bad request" or drop the message without ever crashing.
@@ -28,190 +32,149 @@ The payload codec (numpy arrays as raw little-endian bytes) is
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import msgpack
 
-SIGNATURE: Final = b"ZB"
-VERSION: Final = 1
-MAX_ID_BYTES: Final = 64
-MAX_TRACE_CHARS: Final = 128
-HIGH_PRIORITY, NORMAL_PRIORITY, LOW_PRIORITY = 0, 1, 2
-MAX_NAME_CHARS: Final = 128
-MAX_META_BYTES: Final = 64 * 1024
-MAX_META_ITEMS: Final = 1024  # entries of any list or map in a meta frame (a worker's models, ...)
-MAX_TEXT_CHARS: Final = 256  # a worker's name, host and device, for display
-MAX_SHOWN_CHARS: Final = 40  # of an input quoted in an error text
-MAX_NAMED_FIELDS: Final = 5
-MAX_MODELS_PER_WORKER: Final = 64
-MAX_CAPACITY: Final = 65_536  # items one worker may hold in flight
-MAX_COUNTER: Final = 2**48  # a heartbeat's batch counters (years of work at a million items a second)
-MAX_PID: Final = 2**32
-MAX_RETRY_AFTER_MS: Final = 3_600_000
-MAX_MODEL_LENGTH: Final = 2**24  # a model's most input tokens, as READY may announce it
-MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
-MAX_DTYPE_CHARS: Final = 32
-MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
-MAX_LABEL_CHARS: Final = 128
-MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels"})
-# Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
-
-
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol; the text says which part."""
-
-
-class Command(enum.IntEnum):
-    READY = 1  # worker -> broker
-    REQUEST = 2  # client -> broker, broker -> worker
-    REPLY = 3  # broker -> client, worker -> broker
-    HEARTBEAT = 4  # worker <-> broker, client <-> broker
-    DISCONNECT = 5  # worker <-> broker
-    CANCEL = 6  # client -> broker, broker -> worker
-    STATS = 7  # client -> broker (answered with REPLY)
-    DRAIN = 8  # worker -> broker: send no more work; broker -> worker: acknowledged
-
-
-class Status(enum.StrEnum):
-    OK = "ok"
-    BAD_REQUEST = "bad_request"
-    UNKNOWN_MODEL = "unknown_model"
-    OVERLOADED = "overloaded"
-    NO_WORKER = "no_worker"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    WORKER_ERROR = "worker_error"
-    WORKER_LOST = "worker_lost"
-    CANCELLED = "cancelled"  # worker -> broker only: skipped because the broker sent CANCEL
-    DECLINED = "declined"  # worker -> broker only: not taken, the worker is full (work from several brokers)
-
-
-HEADERS: Final = {command: SIGNATURE + bytes((VERSION, command)) for command in Command}
-# Lookups by value for the decoders: a dict is several times cheaper than calling the enum class.
-COMMANDS: Final = {int(command): command for command in Command}
-STATUSES: Final = {status.value: status for status in Status}
-
-
-# --------------------------------------------------------------------------
-# Messages
-# --------------------------------------------------------------------------
-
-
-# Request and Reply are built for every message on the routing path; they are not frozen
-# because a frozen dataclass's __init__ goes through object.__setattr__ per field, several
-# times slower.  Treat them as values all the same: nothing modifies a message after it is made.
-@dataclass(slots=True)
-class Request:
-    """Work for one model. ``timeout_ms`` is relative: each hop turns it into its own clock."""
-
-    request_id: bytes
-    model: str
-    items: int
-    payload: bytes
-    timeout_ms: int | None = None
-    priority: int = NORMAL_PRIORITY
-    trace: str = ""
-
-
-@dataclass(slots=True)
-class Reply:
-    """The one answer to a request; ``payload`` is empty unless the status is ok."""
-
-    request_id: bytes
-    status: Status
-    message: str = ""
-    payload: bytes = b""
-    retry_after_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """One model a worker serves, as READY announces it (PROTOCOL.md 3.4).
-
-    The optional fields are what HTTP dialects tell their callers about a
-    model; None, "" and () mean unknown, and are not sent.
-    """
-
-    name: str
-    task: str
-    max_batch_size: int
-    max_length: int | None = None  # most input tokens
-    dimensions: int | None = None  # numbers in one embedding
-    dtype: str = ""  # the weights' dtype, such as "float32"
-    labels: tuple[str, ...] = ()  # a classifier's labels, by id
-
-    def details(self) -> dict[str, Any]:
-        """The fields after the name, without the unknown ones: READY's model map and STATS' ``info``."""
-        details: dict[str, Any] = {"task": self.task, "max_batch_size": self.max_batch_size}
-        for key, value in (("max_length", self.max_length), ("dimensions", self.dimensions),
-                           ("dtype", self.dtype), ("labels", list(self.labels))):
-            if value:
-                details[key] = value
-        return details
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """A worker's registration: what it serves and how many items it accepts in flight."""
-
-    models: tuple[ModelInfo, ...]
-    capacity: int
-    name: str = ""
-    host: str = ""
-    pid: int = 0
-    device: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class BatchCounters:
-    """Cumulative counts of one worker for one model: what ran, and what was skipped."""
-
-    batches: int = 0
-    items: int = 0
-    cancelled: int = 0
-    expired: int = 0
-
-
-COUNTER_KEYS: Final = frozenset(f.name for f in dataclasses.fields(BatchCounters))
-REQUEST_KEYS: Final = frozenset({"model", "items", "timeout_ms", "priority", "trace"})
-REPLY_KEYS: Final = frozenset({"status", "message", "retry_after_ms"})
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Liveness; from a worker it also carries cumulative batch counters per model and, from a worker
-    of several brokers, ``capacity``: the items this broker may have in flight on it from now on."""
-
-    batches: dict[str, BatchCounters] = field(default_factory=dict)
-    capacity: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnect:
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    request_id: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StatsQuery:
-    request_id: bytes
-
-
-ClientMessage = Request | Cancel | StatsQuery | Heartbeat
-WorkerMessage = Ready | Reply | Heartbeat | Disconnect | Drain
-BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain
-
+from zbatch.protocol.messages import (
+    COMMANDS as COMMANDS,
+)
+from zbatch.protocol.messages import (
+    COUNTER_KEYS as COUNTER_KEYS,
+)
+from zbatch.protocol.messages import (
+    HEADERS as HEADERS,
+)
+from zbatch.protocol.messages import (
+    HIGH_PRIORITY as HIGH_PRIORITY,
+)
+from zbatch.protocol.messages import (
+    LOW_PRIORITY as LOW_PRIORITY,
+)
+from zbatch.protocol.messages import (
+    MAX_CAPACITY as MAX_CAPACITY,
+)
+from zbatch.protocol.messages import (
+    MAX_COUNTER as MAX_COUNTER,
+)
+from zbatch.protocol.messages import (
+    MAX_DIMENSIONS as MAX_DIMENSIONS,
+)
+from zbatch.protocol.messages import (
+    MAX_DTYPE_CHARS as MAX_DTYPE_CHARS,
+)
+from zbatch.protocol.messages import (
+    MAX_ID_BYTES as MAX_ID_BYTES,
+)
+from zbatch.protocol.messages import (
+    MAX_LABEL_CHARS as MAX_LABEL_CHARS,
+)
+from zbatch.protocol.messages import (
+    MAX_LABELS as MAX_LABELS,
+)
+from zbatch.protocol.messages import (
+    MAX_META_BYTES as MAX_META_BYTES,
+)
+from zbatch.protocol.messages import (
+    MAX_META_ITEMS as MAX_META_ITEMS,
+)
+from zbatch.protocol.messages import (
+    MAX_MODEL_LENGTH as MAX_MODEL_LENGTH,
+)
+from zbatch.protocol.messages import (
+    MAX_MODELS_PER_WORKER as MAX_MODELS_PER_WORKER,
+)
+from zbatch.protocol.messages import (
+    MAX_NAME_CHARS as MAX_NAME_CHARS,
+)
+from zbatch.protocol.messages import (
+    MAX_NAMED_FIELDS as MAX_NAMED_FIELDS,
+)
+from zbatch.protocol.messages import (
+    MAX_PID as MAX_PID,
+)
+from zbatch.protocol.messages import (
+    MAX_RETRY_AFTER_MS as MAX_RETRY_AFTER_MS,
+)
+from zbatch.protocol.messages import (
+    MAX_SHOWN_CHARS as MAX_SHOWN_CHARS,
+)
+from zbatch.protocol.messages import (
+    MAX_TEXT_CHARS as MAX_TEXT_CHARS,
+)
+from zbatch.protocol.messages import (
+    MAX_TRACE_CHARS as MAX_TRACE_CHARS,
+)
+from zbatch.protocol.messages import (
+    MODEL_INFO_KEYS as MODEL_INFO_KEYS,
+)
+from zbatch.protocol.messages import (
+    NORMAL_PRIORITY as NORMAL_PRIORITY,
+)
+from zbatch.protocol.messages import (
+    REPLY_KEYS as REPLY_KEYS,
+)
+from zbatch.protocol.messages import (
+    REQUEST_KEYS as REQUEST_KEYS,
+)
+from zbatch.protocol.messages import (
+    SIGNATURE as SIGNATURE,
+)
+from zbatch.protocol.messages import (
+    STATUSES as STATUSES,
+)
+from zbatch.protocol.messages import (
+    VERSION as VERSION,
+)
+from zbatch.protocol.messages import (
+    BatchCounters as BatchCounters,
+)
+from zbatch.protocol.messages import (
+    BrokerToWorkerMessage as BrokerToWorkerMessage,
+)
+from zbatch.protocol.messages import (
+    Cancel as Cancel,
+)
+from zbatch.protocol.messages import (
+    ClientMessage as ClientMessage,
+)
+from zbatch.protocol.messages import (
+    Command as Command,
+)
+from zbatch.protocol.messages import (
+    Disconnect as Disconnect,
+)
+from zbatch.protocol.messages import (
+    Drain as Drain,
+)
+from zbatch.protocol.messages import (
+    Heartbeat as Heartbeat,
+)
+from zbatch.protocol.messages import (
+    ModelInfo as ModelInfo,
+)
+from zbatch.protocol.messages import (
+    ProtocolError as ProtocolError,
+)
+from zbatch.protocol.messages import (
+    Ready as Ready,
+)
+from zbatch.protocol.messages import (
+    Reply as Reply,
+)
+from zbatch.protocol.messages import (
+    Request as Request,
+)
+from zbatch.protocol.messages import (
+    StatsQuery as StatsQuery,
+)
+from zbatch.protocol.messages import (
+    Status as Status,
+)
+from zbatch.protocol.messages import (
+    WorkerMessage as WorkerMessage,
+)
 
 # --------------------------------------------------------------------------
 # Encoding

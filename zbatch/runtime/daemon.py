@@ -25,6 +25,12 @@ process at once with status 128 + its number, logged: the same for every
 daemon.  SIGHUP calls :meth:`Service.reload` for a service that overrides it;
 for the others SIGHUP keeps its default action.
 
+Open files: before it starts, a daemon raises its soft limit on open files
+(RLIMIT_NOFILE) to the hard limit, and logs it.  Every connection is a file
+descriptor, and the usual soft limit, 1024, is far below what the hard limit
+allows: a daemon that reaches it can accept nobody new (libzmq even retries
+the failing accept in a busy loop).
+
 Essential tasks are the futures a daemon cannot serve without: the broker's
 socket pump, the worker's broker link, inference thread and batch watchdog,
 the gateway's HTTP listener.  While serving, one that ends (returns, raises
@@ -46,6 +52,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, NoReturn
 
@@ -54,6 +61,9 @@ from prometheus_client.core import Metric
 from zbatch.runtime import memory
 from zbatch.runtime.metrics import start_metrics
 from zbatch.runtime.sdnotify import Notifier
+
+if sys.platform != "win32":  # Windows has no such limit
+    import resource
 
 FAULT_EXIT_CODE = 70  # EX_SOFTWARE: systemd's Restart=on-failure restarts the daemon
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -109,7 +119,37 @@ class Service(abc.ABC):
 
 async def serve(service: Service) -> None:
     """Run ``service`` from start to close.  Returns after a clean stop; a forced exit never returns."""
+    raise_open_file_limit(service.log)
     await _Lifecycle(service).run()
+
+
+def open_file_limit() -> int | None:
+    """The soft limit on open files; None where there is none, or no way to know it."""
+    if sys.platform == "win32":
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def raise_open_file_limit(log: logging.Logger) -> None:
+    """Raise the soft limit on open files to the hard limit, and log the limit in force."""
+    if sys.platform == "win32":
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open files: the limit is %s", _limit(soft))
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files: the limit stays %s, as raising it to the hard limit, %s, failed: %s",
+                    _limit(soft), _limit(hard), exc)
+        return
+    log.info("open files: the limit is %s, raised from %s", _limit(hard), _limit(soft))
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if sys.platform != "win32" and value == resource.RLIM_INFINITY else str(value)
 
 
 def exit_now(code: int) -> NoReturn:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 ENV = "ZBATCH_NATIVE_DIR"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds zbatch/ and broker/
-MODULES = ("broker.core", "broker.state", "broker.admission", "zbatch.protocol.wire")  # the group mypyc compiles
+MODULES = ("broker.core", "broker.state", "broker.admission", "zbatch.protocol.messages",
+           "zbatch.protocol.wire")  # the group mypyc compiles
 STAMP = "zbatch-native.json"
 
 

@@ -25,7 +25,7 @@ ConfigT = TypeVar("ConfigT")
 ENV_PREFIX = "ZBATCH_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 # One file serves a whole host: each program reads its own section and ignores the others.
-SECTIONS = ("broker", "worker", "gateway", "status")
+SECTIONS = ("broker", "worker", "gateway", "status", "serve")
 
 
 def option(

@@ -42,12 +42,19 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 from zmq.backend import Socket as CythonSocket
 
-from zbatch.runtime.curve import CurveKeys, CurveServer
+from zbatch.runtime.curve import CurveKeys
+
+
+class CurveAuthority(Protocol):
+    """What serves CURVE on a bound socket: the broker's key pair and its allow-list per ZAP domain."""
+
+    def secure(self, socket: zmq.Socket[Any], domain: str) -> None: ...
+
 
 Socket = zmq.Socket[bytes]
 Handler = Callable[[list[bytes]], None]
@@ -75,7 +82,7 @@ def open_socket(
     mandatory: bool = False,
     handover: bool = False,
     max_message_bytes: int | None = None,
-    curve: CurveKeys | tuple[CurveServer, str] | None = None,
+    curve: CurveKeys | tuple[CurveAuthority, str] | None = None,
     heartbeat_ms: int | None = None,
     heartbeat_timeout_ms: int | None = None,
     monitor: tuple[str, int] | None = None,
@@ -87,7 +94,7 @@ def open_socket(
     a vanished peer raises instead of dropping silently) and ROUTER_HANDOVER (a peer that
     reconnects with the same routing id takes over its old connection).  ``max_message_bytes``
     is MAXMSGSIZE: libzmq drops the connection of a peer that sends a larger frame.
-    ``curve``: a peer's keys, or the broker's :class:`CurveServer` and the ZAP domain whose
+    ``curve``: a peer's keys, or the broker's :class:`CurveAuthority` and the ZAP domain whose
     keys may connect.  ``heartbeat_ms`` and ``heartbeat_timeout_ms`` are ZMTP's own PING and the
     silence after which libzmq closes a connection (a peer whose host died).  ``monitor``: the
     inproc endpoint and events of a socket monitor, started before the bind so it sees every connection.
@@ -117,7 +124,7 @@ def open_socket(
 
 def _configure(socket: Socket, linger_ms: int, send_hwm: int | None, receive_hwm: int | None,
                routing_id: bytes | None, immediate: bool, mandatory: bool, handover: bool,
-               max_message_bytes: int | None, curve: CurveKeys | tuple[CurveServer, str] | None) -> None:
+               max_message_bytes: int | None, curve: CurveKeys | tuple[CurveAuthority, str] | None) -> None:
     socket.setsockopt(zmq.LINGER, linger_ms)
     options = {zmq.SNDHWM: send_hwm, zmq.RCVHWM: receive_hwm, zmq.ROUTING_ID: routing_id,
                zmq.IMMEDIATE: 1 if immediate else None, zmq.ROUTER_MANDATORY: 1 if mandatory else None,

@@ -14,16 +14,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from broker.curve import CurveServer, RefusalLog, read_named_keys
+from broker.keyguard import WorkerKeyGuard
 from worker.config import load_config as load_worker_config
-from zbatch.runtime.curve import (
-    WORKERS_DOMAIN,
-    CurveKeys,
-    CurveServer,
-    RefusalLog,
-    WorkerKeyGuard,
-    key_name,
-    read_named_keys,
-)
+from zbatch.runtime.curve import WORKERS_DOMAIN, CurveKeys, key_name
 from zbatch.runtime.sockets import open_socket
 from zbatch.tools.keys import make_key_pair
 

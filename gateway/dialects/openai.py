@@ -1,0 +1,88 @@
+"""OpenAI's API under ``/v1``: the model list and embeddings, so the official SDK works by changing its base URL.
+
+* ``GET /v1/models`` and ``GET /v1/models/{model}``: every model a worker serves now
+  (from the brokers' STATS); ``created`` is when the oldest broker started.
+* ``POST /v1/embeddings``: ``model``, ``input`` (a string or a list of strings; token
+  arrays are refused), ``encoding_format`` (``float`` or ``base64``: little-endian
+  float32, which the SDK asks for by default), ``dimensions`` (the first N numbers,
+  re-normalised by the worker; more than the model has is a 400) and ``user``
+  (ignored).  ``usage`` counts the tokens the model took (PROTOCOL.md 5.1).
+
+Errors on these paths are in OpenAI's shape, ``{"error": {"message", "type",
+"param", "code"}}``, with the gateway's statuses (gateway/errors.py), so the
+SDK raises ``NotFoundError``, ``BadRequestError``, ``InternalServerError``...
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gateway.catalog import fleet_stats
+from gateway.dialects.huggingface import task_of
+from gateway.errors import ApiError, bad_request
+from gateway.inference import run, with_tokens
+from gateway.parsing import model_options, parse_inputs, read_json
+from gateway.responses import encode_embedding, json_response
+from gateway.tasks import EMBEDDINGS, require_task
+from zbatch.protocol.wire import MAX_NAME_CHARS
+
+ENCODINGS = ("float", "base64")
+OWNER = "zbatch"
+
+
+def model_object(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNER}
+
+
+async def served_models(request: web.Request) -> tuple[list[str], int]:
+    """The names of the models a worker serves now, sorted, and when the oldest broker started (Unix time)."""
+    stats = await fleet_stats(request)
+    names = sorted(name for name, figures in stats.get("models", {}).items() if figures.get("workers", 0) > 0)
+    return names, int(time.time() - float(stats.get("uptime_s", 0.0)))
+
+
+async def get_models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: ``{"object": "list", "data": [model, ...]}``."""
+    names, created = await served_models(request)
+    return json_response({"object": "list", "data": [model_object(name, created) for name in names]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: the model, or 404 if no worker serves it."""
+    model = request.match_info["model"]
+    names, created = await served_models(request)
+    if model not in names:
+        raise ApiError("unknown_model", f"no worker serves the model {model!r}; GET /v1/models lists those served",
+                       param="model")
+    return json_response(model_object(model, created))
+
+
+def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[str], str, dict[str, Any]]:
+    """An embeddings request: its model, its texts, its ``encoding_format`` and the model's parameters."""
+    model = body.get("model")
+    if not isinstance(model, str) or not 1 <= len(model) <= MAX_NAME_CHARS:
+        raise bad_request(f'"model" must be a string of 1 to {MAX_NAME_CHARS} characters', param="model")
+    value = body.get("input")
+    if isinstance(value, list) and value and not isinstance(value[0], str):
+        raise bad_request('"input" holds token ids: send the texts themselves, a string or a list of strings',
+                          param="input")
+    texts, _ = parse_inputs(body, "input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ENCODINGS:
+        raise bad_request('"encoding_format" must be "float" or "base64"', param="encoding_format")
+    return model, texts, encoding, model_options(body, ("dimensions",))
+
+
+async def post_embeddings(request: web.Request) -> web.Response:
+    """``POST /v1/embeddings``: one embedding per input, in order, and the tokens they took."""
+    model, texts, encoding, parameters = parse_embeddings(await read_json(request))
+    require_task(model, await task_of(request, model), {EMBEDDINGS}, "POST /v1/embeddings")
+    result = await run(request, model, texts, parameters)
+    data = [{"object": "embedding", "index": index, "embedding": encode_embedding(output, encoding)}
+            for index, output in enumerate(result.outputs)]
+    tokens = result.total_tokens or 0
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return with_tokens(json_response({"object": "list", "data": data, "model": model, "usage": usage}), result)

@@ -1,0 +1,362 @@
+"""The client libraries users already have, against a real stack, changing only a URL (issue 24).
+
+One broker; one worker with the default embeddings model; one worker with
+tiny models (a cross-encoder, a BERT classifier, a ViT and a YOLOS); a
+gateway whose TEI routes point at them.  The official ``openai`` SDK,
+``huggingface_hub.InferenceClient`` and ``tritonclient.http`` talk to the
+gateway only (``HF_HUB_OFFLINE=1``); TEI's routes are called with plain HTTP
+and the JSON TEI documents.  The vectors of every dialect agree with each
+other and with sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.daemons import Daemons, http_json, start_broker, start_gateway, start_worker
+from tests.worker.tiny_models import image_bytes, make_tiny_bert, make_tiny_vit, make_tiny_yolos
+from worker.runners import DEFAULT_MODEL_NAME, default_model_path
+from zbatch.testing import start_http
+
+NOWHERE = "http://127.0.0.1:9"  # the discard port, closed: where a client's hub calls would go, and fail
+MODEL = DEFAULT_MODEL_NAME
+RERANK, CLASSIFY, VIT, YOLOS = "tiny-rerank", "tiny-classify", "tiny-vit", "tiny-yolos"
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello world", "ZeroMQ sockets carry messages."]
+SAME = 0.99999  # cosine of two answers for the same text
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemons]:
+    """Broker, the two workers and a gateway whose TEI routes use the tiny rerank and classification models."""
+    models = tmp_path_factory.mktemp("models")
+    extra = (f"name={CLASSIFY},path={make_tiny_bert(models, 'text-classification')},task=text-classification;"
+             f"name={VIT},path={make_tiny_vit(models)},task=image-classification;"
+             f"name={YOLOS},path={make_tiny_yolos(models)},task=object-detection")
+    with Daemons(tmp_path_factory.mktemp("logs")) as daemons:
+        broker = daemons.add(start_broker(daemons.log_dir))
+        daemons.add(start_worker(broker, daemons.log_dir, "w1", wait=False, workers=1))
+        daemons.add(start_worker(broker, daemons.log_dir, "w2", workers=1, model_path=make_tiny_bert(models, "rerank"),
+                                 model_name=RERANK, task="rerank", extra_models=extra))
+        daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz", models=(MODEL, RERANK, CLASSIFY, VIT),
+                                  tei_rerank_model=RERANK, tei_predict_model=CLASSIFY))
+        yield daemons
+
+
+@pytest.fixture(scope="module")
+def url(served: Daemons) -> str:
+    return served["gateway"].url
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return np.asarray(SentenceTransformer(default_model_path(), device="cpu").encode(TEXTS, normalize_embeddings=True))
+
+
+def cosine(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def post(url: str, body: Any = None, data: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+    return http_json(url, body, headers=headers, data=data, method="POST")
+
+
+# ------------------------------------------------------------------ OpenAI
+
+
+def test_openai_sdk_lists_models_embeds_and_raises_its_own_errors(url: str, reference: np.ndarray) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    listed = {model.id for model in client.models.list()}
+    assert {MODEL, RERANK, CLASSIFY, VIT, YOLOS} <= listed
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+    default = client.embeddings.create(model=MODEL, input=TEXTS)  # the SDK asks for base64
+    floats = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    for i, expected in enumerate(reference):
+        assert cosine(default.data[i].embedding, expected) >= SAME
+        assert cosine(floats.data[i].embedding, expected) >= SAME
+    assert default.usage.prompt_tokens == default.usage.total_tokens > len(TEXTS) * 2
+
+    short = client.embeddings.create(model=MODEL, input=TEXTS[0], dimensions=128, encoding_format="float")
+    vector = np.asarray(short.data[0].embedding)
+    assert vector.shape == (128,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+    assert cosine(vector, reference[0][:128]) >= SAME
+
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.embeddings.create(model=MODEL, input="x", dimensions=1000)
+    assert "dimensions" in str(too_many.value)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.embeddings.create(model="no-such-model", input="x")
+    assert unknown.value.code == "unknown_model"
+    with pytest.raises(openai.BadRequestError) as wrong:
+        client.embeddings.create(model=RERANK, input="x")
+    assert wrong.value.code == "wrong_task" and "rerank" in wrong.value.message
+
+
+# ------------------------------------------------------------------ huggingface_hub
+
+
+def test_huggingface_hub_inference_client(url: str, reference: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", NOWHERE)
+    monkeypatch.setattr(constants, "INFERENCE_PROXY_TEMPLATE", NOWHERE + "/{provider}")
+    monkeypatch.setenv("HF_TOKEN", "unused")
+
+    client = InferenceClient(model=f"{url}/models/{MODEL}")
+    vector = client.feature_extraction(TEXTS[0])
+    assert cosine(vector, reference[0]) >= SAME
+    similar = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS)
+    expected = [cosine(reference[0], other) for other in reference]
+    np.testing.assert_allclose(similar, expected, atol=1e-5)
+
+    labels = InferenceClient(model=f"{url}/models/{VIT}").image_classification(image_bytes(40, 30, 1))
+    assert labels and {label.label for label in labels} <= {"cat", "dog", "bird"}
+    found = InferenceClient(model=f"{url}/models/{YOLOS}").object_detection(image_bytes(40, 30, 2), threshold=0.0)
+    assert found and all(d.box.xmax <= 41 for d in found)
+
+
+# ------------------------------------------------------------------ KServe v2 / Triton
+
+
+def test_tritonclient_binary_and_json_forms(url: str, reference: np.ndarray) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    metadata = client.get_model_metadata(MODEL)
+    assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
+    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+    for binary in (True, False):
+        text = triton.InferInput("text", [len(TEXTS), 1], "BYTES")
+        text.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=np.object_), binary_data=binary)
+        asked = [triton.InferRequestedOutput("embedding", binary_data=binary)]
+        result = client.infer(MODEL, [text], outputs=asked)
+        vectors = result.as_numpy("embedding")
+        assert vectors.shape == (len(TEXTS), 384) and vectors.dtype == np.float32
+        assert min(cosine(v, r) for v, r in zip(vectors, reference, strict=True)) >= SAME
+    default = triton.InferInput("text", [1], "BYTES")
+    default.set_data_from_numpy(np.array([TEXTS[1].encode()], dtype=np.object_))
+    assert cosine(client.infer(MODEL, [default]).as_numpy("embedding")[0], reference[1]) >= SAME  # binary out
+    with pytest.raises(triton.InferenceServerException) as unknown:
+        client.infer("no-such-model", [default])
+    assert unknown.value.status() == "404"
+
+
+def test_kserve_rerank_classification_and_images(url: str) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+
+    def tensor(name: str, items: list[bytes]) -> Any:
+        value = triton.InferInput(name, [len(items)], "BYTES")
+        value.set_data_from_numpy(np.array(items, dtype=np.object_))
+        return value
+
+    scores = client.infer(RERANK, [tensor("query", [b"what is red"]), tensor("texts", [b"red", b"a dog"])])
+    assert scores.as_numpy("scores").shape == (2,)
+    labels = client.infer(CLASSIFY, [tensor("text", [b"good day", b"bad night"])])
+    assert labels.as_numpy("labels").shape == (2, 2) and labels.as_numpy("scores").shape == (2, 2)
+    images = client.infer(VIT, [tensor("image", [image_bytes(30, 20, 3), image_bytes(16, 16, 4, "JPEG")])])
+    assert images.as_numpy("scores").shape[0] == 2
+    boxes = client.infer(YOLOS, [tensor("image", [image_bytes(40, 30, 5)])], parameters={"threshold": 0.0})
+    assert boxes.as_numpy("boxes").shape[1] == 4 and set(boxes.as_numpy("batch_index")) == {0}
+    with pytest.raises(triton.InferenceServerException) as corrupt:
+        client.infer(VIT, [tensor("image", [image_bytes(8, 8, 6), b"GIF89a, then nothing"])])
+    assert corrupt.value.status() == "400" and "inputs[1]" in corrupt.value.message()
+
+
+# ------------------------------------------------------------------ TEI
+
+
+def test_tei_routes_answer_tei_json(url: str, reference: np.ndarray) -> None:
+    status, headers, vectors = post(f"{url}/embed", {"inputs": TEXTS[0], "truncate": True, "normalize": True})
+    assert status == 200 and len(vectors) == 1 and cosine(vectors[0], reference[0]) >= SAME
+    assert int(headers["x-compute-tokens"]) == int(headers["X-Tokens"]) > 2
+    assert int(headers["x-compute-characters"]) == len(TEXTS[0])
+    status, _, vectors = post(f"{url}/embed", {"inputs": TEXTS, "truncation_direction": "Left"})
+    assert status == 200 and min(cosine(v, r) for v, r in zip(vectors, reference, strict=True)) >= SAME
+
+    status, _, ranks = post(f"{url}/rerank", {"query": "what is red", "texts": ["red", "a dog", "blue"],
+                                              "return_text": True})
+    assert status == 200 and sorted(r["index"] for r in ranks) == [0, 1, 2]
+    assert [r["score"] for r in ranks] == sorted((r["score"] for r in ranks), reverse=True)
+    assert all(r["text"] == ["red", "a dog", "blue"][r["index"]] for r in ranks)
+    status, _, raw = post(f"{url}/rerank", {"query": "what is red", "texts": ["red"], "raw_scores": True})
+    assert status == 200 and set(raw[0]) == {"index", "score"}
+
+    status, _, one = post(f"{url}/predict", {"inputs": "good day"})
+    assert status == 200 and {p["label"] for p in one} == {"negative", "positive"}
+    status, _, pair = post(f"{url}/predict", {"inputs": ["good day", "bad day"]})
+    assert status == 200 and len(pair) == 2 and "label" in pair[0]
+    status, _, batch = post(f"{url}/predict", {"inputs": [["good day"], ["good", "bad"]], "raw_scores": True})
+    assert status == 200 and len(batch) == 2 and all(len(p) == 2 for p in batch)
+
+    status, _, tokens = post(f"{url}/tokenize", {"inputs": "hello world"})
+    assert status == 200 and [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert tokens[0][1] == {"id": tokens[0][1]["id"], "text": "hello", "special": False, "start": 0, "stop": 5}
+    status, _, plain = post(f"{url}/tokenize", {"inputs": ["hello"], "add_special_tokens": False})
+    assert status == 200 and [t["text"] for t in plain[0]] == ["hello"]
+
+    status, _, similar = post(f"{url}/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}})
+    assert status == 200 and similar[0] == pytest.approx(1.0, abs=1e-5)
+
+    status, _, info = http_json(f"{url}/info")
+    assert status == 200 and info["model_id"] == MODEL and info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["max_input_length"] == 256 and info["model_dtype"] == "float32" and info["max_client_batch_size"]
+    assert http_status_of(f"{url}/health") == 200
+
+
+def http_status_of(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.read() == b""
+        return int(response.status)
+
+
+@pytest.fixture(scope="module")
+def plain_gateway(served: Daemons) -> str:
+    """A second gateway, whose TEI routes all use the default (embeddings) model."""
+    broker = served["broker"]
+    return served.add(start_http("gateway", "gateway-plain", served.log_dir, frontend=broker.frontend)).url
+
+
+def test_tei_errors_use_teis_shape_and_statuses(url: str, plain_gateway: str) -> None:
+    status, _, body = post(f"{url}/embed", {"inputs": 5})
+    assert status == 422 and body["error_type"] == "Validation" and set(body) == {"error", "error_type"}
+    status, _, body = post(f"{url}/embed", {"inputs": "x", "truncation_direction": "up"})
+    assert status == 422 and "truncation_direction" in body["error"]
+    status, _, body = post(f"{url}/embed", {"inputs": "word " * 400, "truncate": False})
+    assert status == 422 and "256" in body["error"]
+    # Where the TEI routes all use the embeddings model, /rerank and /predict say which task would do.
+    for path, body in (("/rerank", {"query": "q", "texts": ["a"]}), ("/predict", {"inputs": "a"})):
+        status, _, answer = post(f"{plain_gateway}{path}", body)
+        assert status == 424 and answer["error_type"] == "Backend", answer
+        assert "embeddings model" in answer["error"] and "ZBATCH_TEI_" in answer["error"], answer
+
+
+# ------------------------------------------------------------------ Hugging Face shapes, images
+
+
+def test_models_route_takes_images_as_body_or_base64(url: str) -> None:
+    image = image_bytes(30, 30, 9)
+    status, _, labels = post(f"{url}/models/{VIT}", data=image, headers={"Content-Type": "image/png"})
+    assert status == 200 and {label["label"] for label in labels} <= {"cat", "dog", "bird"}
+    encoded = base64.b64encode(image).decode()
+    status, _, both = post(f"{url}/models/{VIT}", {"inputs": [encoded, f"data:image/png;base64,{encoded}"],
+                                                   "parameters": {"top_k": 1}})
+    assert status == 200 and len(both) == 2 and both[0] == both[1] and len(both[0]) == 1
+    status, _, boxes = post(f"{url}/models/{YOLOS}", {"inputs": encoded, "parameters": {"threshold": 0.0}})
+    assert status == 200 and all(set(d) == {"label", "score", "box"} for d in boxes)
+    status, _, body = post(f"{url}/models/{VIT}", {"inputs": "not base64!"})
+    assert status == 400 and "base64" in body["error"]["message"]
+    png = {"Content-Type": "image/png"}
+    status, _, body = post(f"{url}/models/{VIT}", data=b"\x89PNG\r\n\x1a\nbroken", headers=png)
+    assert status == 400 and "image" in body["error"]["message"]
+    status, _, body = post(f"{url}/models/{MODEL}", data=image, headers={"Content-Type": "image/png"})
+    assert status == 400 and body["error"]["code"] == "wrong_task"
+
+
+def test_every_dialect_gives_the_same_vector(url: str, reference: np.ndarray) -> None:
+    text = TEXTS[2]
+    _, headers, hf = post(f"{url}/models/{MODEL}", {"inputs": text})
+    _, _, openai_float = post(f"{url}/v1/embeddings", {"model": MODEL, "input": text})
+    _, _, openai_b64 = post(f"{url}/v1/embeddings", {"model": MODEL, "input": text, "encoding_format": "base64"})
+    _, _, tei = post(f"{url}/embed", {"inputs": text})
+    _, _, kserve = post(f"{url}/v2/models/{MODEL}/infer",
+                        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]})
+    decoded = np.frombuffer(base64.b64decode(openai_b64["data"][0]["embedding"]), dtype="<f4")
+    answers = [hf, openai_float["data"][0]["embedding"], decoded, tei[0], kserve["outputs"][0]["data"]]
+    assert all(cosine(answer, reference[2]) >= SAME for answer in answers)
+    assert int(headers["X-Tokens"]) == openai_float["usage"]["total_tokens"]
+
+
+def test_models_listing_says_which_dialects_answer_each_model(url: str) -> None:
+    _, _, listing = http_json(f"{url}/models")
+    by_name = {model["name"]: model for model in listing["models"]}
+    assert by_name[MODEL]["task"] == "embeddings"
+    assert "POST /v1/embeddings" in by_name[MODEL]["dialects"]["openai"]
+    assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /similarity", "POST /tokenize",
+                                                 "GET /info", "GET /health"]
+    assert by_name[RERANK]["dialects"]["tei"] == ["POST /rerank"]
+    assert by_name[CLASSIFY]["dialects"]["tei"] == ["POST /predict"]
+    assert "tei" not in by_name[VIT]["dialects"] and "openai" not in by_name[VIT]["dialects"]
+
+
+
+# ------------------------------------------------------------------ hostile input, under load
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One POST with exactly these bytes and headers; the status and body (a hang fails the test)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port, timeout=30)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def triton_request(name: str, items: list[bytes], header: str | None = None) -> tuple[bytes, dict[str, str]]:
+    import struct
+
+    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    head = (b'{"inputs":[{"name":"%s","datatype":"BYTES","shape":[%d],"parameters":{"binary_data_size":%d}}]}'
+            % (name.encode(), len(items), len(data)))
+    return head + data, {"Inference-Header-Content-Length": str(len(head)) if header is None else header}
+
+
+def test_hostile_input_gets_clear_4xx_while_normal_traffic_is_answered(url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    json_type = {"Content-Type": "application/json"}
+    text = triton_request("text", [b"hello"])
+    corrupt = triton_request("image", [image_bytes(8, 8, 1), b"\x89PNG\r\n\x1a\n not really"])
+    hostile = [
+        ("/v1/embeddings", b'{"model": "x", "input":', json_type, 400),
+        ("/v1/embeddings", b'{"model": 3, "input": "x"}', json_type, 400),
+        ("/embed", b"\xff\xfe", json_type, 422),
+        ("/rerank", b'{"query": ["q"], "texts": "t"}', json_type, 422),
+        ("/predict", b'{"inputs": [[]]}', json_type, 422),
+        ("/similarity", b'{"inputs": {"source_sentence": 1}}', json_type, 422),
+        ("/tokenize", b'{"inputs": [null]}', json_type, 422),
+        (f"/models/{MODEL}", b'{"inputs": {"source_sentence": "a"}}', json_type, 400),
+        (f"/models/{VIT}", b'{"inputs": "garbage!!"}', json_type, 400),
+        (f"/models/{VIT}", b"GIF89a and no more", {"Content-Type": "image/gif"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "999999"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "-1"}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0], {"Inference-Header-Content-Length": "9" * 40}, 400),
+        (f"/v2/models/{MODEL}/infer", text[0][:-2], text[1], 400),
+        (f"/v2/models/{VIT}/infer", *corrupt, 400),
+    ]
+    normal = [("/embed", b'{"inputs": "normal traffic %d"}' % i, json_type, 200) for i in range(24)]
+    normal += [("/v1/embeddings", b'{"model": "%s", "input": "more %d"}' % (MODEL.encode(), i), json_type, 200)
+               for i in range(24)]
+    requests = [item for pair in zip(normal, hostile * 4, strict=False) for item in pair]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda r: raw_post(url, r[0], r[1], r[2]), requests))
+    for (path, _, _, expected), (status, body) in zip(requests, answers, strict=True):
+        assert status == expected, (path, status, body)
+        assert b"Traceback" not in body and body[:1] in (b"{", b"["), (path, body)
+    corrupt_answer = raw_post(url, f"/v2/models/{VIT}/infer", *corrupt)
+    assert b"inputs[1]" in corrupt_answer[1], corrupt_answer

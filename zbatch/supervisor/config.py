@@ -1,0 +1,63 @@
+"""``zbatch serve``'s settings: flags, ``ZBATCH_*`` variables and the ``[serve]`` table, as for every daemon.
+
+Where a setting of ``zbatch serve`` has a daemon's name (``workers``,
+``port``, ``host``, ``frontend``, ``backend``, ``processes``, ``log_*``) it
+means the same thing, so one environment serves the supervisor and the
+daemons alike.  Everything else in the environment reaches the daemons
+untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from zbatch.runtime.logs import LOG_FORMATS
+from zbatch.runtime.settings import check_endpoints, load, option, split_endpoints
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """zbatch serve: run a whole zbatch stack on this host (brokers, workers, the HTTP gateway), restart any
+    daemon that exits, and stop them in order (gateways, workers, brokers) on SIGTERM or Ctrl-C. Every other
+    ZBATCH_* variable reaches the daemons."""
+
+    workers: int = option(2, "worker daemons to start (worker-0, worker-1, ...); they share the cores through "
+                             "the host's cores ledger (a lone busy one gets them all), and each also takes it as "
+                             "its own 'workers' setting, the fixed split of --cores-ledger off; 0: none on this "
+                             "host", minimum=0)
+    host: str = option("127.0.0.1", "address the gateway listens on")
+    port: int = option(8000, "TCP port the gateway listens on", minimum=1)
+    processes: int = option(0, "gateway processes sharing the port; 0: the gateway's default (one per core, "
+                               "at most 4)", minimum=0)
+    frontend: str = option("tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated: one broker "
+                           "is started for each, and the gateway spreads requests over them", check=check_endpoints)
+    backend: str = option("tcp://127.0.0.1:5556", "the brokers' worker endpoints, comma-separated, one for each "
+                          "frontend and in the same order; every worker registers with each broker",
+                          check=check_endpoints)
+    restart_delay_ms: int = option(1_000, "wait before restarting a daemon that exited; it doubles with each exit "
+                                          "in a row", minimum=0)
+    restart_max_delay_ms: int = option(30_000, "the longest wait before a restart", minimum=0)
+    restart_reset_ms: int = option(60_000, "a daemon that has been ready this long starts again from "
+                                           "restart_delay_ms when it next exits", minimum=0)
+    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
+
+    def __post_init__(self) -> None:
+        frontends, backends = split_endpoints(self.frontend), split_endpoints(self.backend)
+        if len(frontends) != len(backends):
+            raise ValueError(f"frontend lists {len(frontends)} endpoints and backend {len(backends)}: each broker "
+                             f"needs one of each, in the same order")
+        if self.restart_max_delay_ms < self.restart_delay_ms:
+            raise ValueError(f"restart_max_delay_ms ({self.restart_max_delay_ms}) is below restart_delay_ms "
+                             f"({self.restart_delay_ms}); raise it or lower restart_delay_ms")
+
+    @property
+    def brokers(self) -> list[tuple[str, str]]:
+        """Each broker's (frontend, backend)."""
+        return list(zip(split_endpoints(self.frontend), split_endpoints(self.backend), strict=True))
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Flags over environment over config file over defaults; exits with status 2 naming any bad value."""
+    return load(ServeConfig, argv, environ, prog="zbatch serve", section="serve")

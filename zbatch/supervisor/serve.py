@@ -1,0 +1,66 @@
+"""``zbatch serve``: a whole stack on this host, kept running until SIGTERM or Ctrl-C.
+
+It starts the brokers, then the workers and the gateway
+(:mod:`zbatch.supervisor.stack`), logs when the stack serves (and tells
+systemd READY=1 when it runs as a ``Type=notify`` service), restarts any
+daemon that exits with a growing delay while the others keep serving
+(:mod:`zbatch.supervisor.policy`), and stops the gateway, the workers and
+the brokers in that order, each within its drain time.  A second SIGTERM or
+Ctrl-C stops everything at once.  A closed terminal (SIGHUP) stops it as
+SIGTERM does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from zbatch.runtime.logs import setup_logging
+from zbatch.supervisor.config import ServeConfig, load_config
+from zbatch.supervisor.policy import Backoff, Supervision
+from zbatch.supervisor.shell import Shell, child_watchdog_s
+from zbatch.supervisor.stack import STOP_ORDER, build
+
+log = logging.getLogger("zbatch.serve")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    config = load_config(argv)
+    setup_logging("zbatch-serve", config.log_level, config.log_format)
+    stack = build(config, os.environ, _config_flag(argv))
+    supervision = Supervision(
+        stack.units, STOP_ORDER,
+        Backoff(config.restart_delay_ms / 1000, config.restart_max_delay_ms / 1000, config.restart_reset_ms / 1000),
+        watchdog_s=child_watchdog_s(),
+    )
+    shell = Shell("zbatch-serve", supervision, stack.programs, log,
+                  stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP), serving=lambda: serving_line(config))
+    brokers = len(config.brokers)
+    log.info("starting %d broker%s, %d worker%s and the gateway on port %d; SIGTERM or Ctrl-C stops them",
+             brokers, "" if brokers == 1 else "s", config.workers, "" if config.workers == 1 else "s", config.port)
+    sys.exit(asyncio.run(shell.run()))
+
+
+def serving_line(config: ServeConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else host
+    return (f"serving on http://{host}:{config.port}; try: "
+            f"curl -X POST -d 'hello world' http://{local}:{config.port}/")
+
+
+def _config_flag(argv: Sequence[str]) -> str | None:
+    """The ``--config`` flag's file, which the daemons must read too (the variable reaches them by itself)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    known, _ = parser.parse_known_args(argv)
+    return str(known.config) if known.config else None
+
+
+if __name__ == "__main__":
+    main()

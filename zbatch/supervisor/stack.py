@@ -1,0 +1,96 @@
+"""One host's stack as units and command lines: what ``zbatch serve`` runs, in which order, stopped how.
+
+Brokers first; the workers and the gateway once every broker is ready (they
+would reconnect anyway, but starting them later keeps the first seconds'
+logs free of retries); stopped the other way round: the gateway first, so no
+request comes in that the workers could not finish, then the workers, which
+hand back or finish what they hold, then the brokers.
+
+Each daemon gets SIGKILL once its drain time, plus :data:`STOP_MARGIN_S`, has
+passed since its SIGTERM.  The drain times are the daemons' own settings,
+read where the daemon reads them (its ``ZBATCH_*`` variable, else its table
+in the config file, else its default), since the supervisor imports no
+daemon: the defaults here are checked against the daemons' in the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from zbatch.client.aio import REPLY_GRACE_MS
+from zbatch.runtime.settings import CONFIG_ENV, env_name
+from zbatch.supervisor.config import ServeConfig
+from zbatch.supervisor.policy import STOP_MARGIN_S, Unit
+from zbatch.supervisor.shell import Program
+
+STOP_ORDER = ("gateway", "worker", "broker")
+BROKER_DRAIN_MS = 10_000  # broker/config.py: drain_timeout_ms
+WORKER_DRAIN_MS = 10_000  # worker/config.py: drain_timeout_ms
+GATEWAY_TIMEOUT_MS = 30_000  # gateway/config.py: timeout_ms; the gateway drains for it plus the grace below
+
+
+@dataclass(frozen=True)
+class Stack:
+    units: list[Unit]
+    programs: dict[str, Program]
+
+
+def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | None = None) -> Stack:
+    """The units of ``config``'s stack and how to run each; ``config_file`` is ``zbatch serve --config``'s."""
+    config_file = config_file or environ.get(CONFIG_ENV) or None
+    env = {CONFIG_ENV: os.path.abspath(config_file)} if config_file else {}
+
+    def setting(section: str, name: str, default: int) -> int:
+        return daemon_setting(section, name, default, environ, config_file)
+
+    brokers = config.brokers
+    broker_s = setting("broker", "drain_timeout_ms", BROKER_DRAIN_MS) / 1000 + STOP_MARGIN_S
+    worker_s = setting("worker", "drain_timeout_ms", WORKER_DRAIN_MS) / 1000 + STOP_MARGIN_S
+    # The gateway with several processes supervises them with the same margin: one more for it.
+    gateway_s = (setting("gateway", "timeout_ms", GATEWAY_TIMEOUT_MS) + REPLY_GRACE_MS) / 1000 + 2 * STOP_MARGIN_S
+    units: list[Unit] = []
+    programs: dict[str, Program] = {}
+    for i, (frontend, backend) in enumerate(brokers):
+        name = "broker" if len(brokers) == 1 else f"broker-{i}"
+        units.append(Unit(name, "broker", broker_s))
+        programs[name] = Program(_module("broker", "--frontend", frontend, "--backend", backend), env)
+    for i in range(config.workers):
+        name = f"worker-{i}"
+        units.append(Unit(name, "worker", worker_s, after=("broker",)))
+        programs[name] = Program(_module("worker", "--name", name, "--backend", config.backend,
+                                         "--workers", str(config.workers)), env)
+    units.append(Unit("gateway", "gateway", gateway_s, after=("broker",)))
+    programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
+                                          "--frontend", config.frontend, "--processes", str(config.processes)),
+                                  env)
+    return Stack(units, programs)
+
+
+def daemon_setting(section: str, name: str, default: int, environ: Mapping[str, str],
+                   config_file: str | None) -> int:
+    """A daemon's whole-number setting as the daemon will see it (short of flags, which the stack does not set).
+
+    A value the daemon would refuse counts as the default here: the daemon exits at start and says why.
+    """
+    raw: object = environ.get(env_name(name))
+    if raw is None and config_file:
+        try:
+            with open(config_file, "rb") as file:
+                table = tomllib.load(file).get(section, {})
+        except (OSError, tomllib.TOMLDecodeError):
+            table = {}
+        raw = table.get(name) if isinstance(table, dict) else None
+    if isinstance(raw, bool):
+        return default
+    try:
+        return int(raw) if isinstance(raw, int | str) else default
+    except ValueError:
+        return default
+
+
+def _module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
