@@ -18,7 +18,8 @@ from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched",
-              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale")
+              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale",
+              "overlap")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
@@ -91,6 +92,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             parts.append(f"{r['detail']['added_ms']:+.2f} ms p50 over its model")
         elif case in ("overload", "storm"):
             parts.append(_ratio_text(times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
+        elif case == "overlap":
+            parts.append(_ratio_text(paired.get("vs_inline"), "inline"))
         elif case == "scale":
             one = scale_one(rows, r["detail"]["series"])
             n = r["detail"]["workers"]
@@ -206,6 +209,10 @@ CASE_NOTES = """
 * **scale**: N simulated workers behind one broker, 64 closed-loop clients per worker; "CPU-class"
   sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
+* **overlap**: 32 closed-loop clients against the simulated-accelerator worker of
+  `python -m scripts.benchmarks.delay`, its model sleeping 2 ms a batch behind the real tokenizer: texts
+  tokenized in the model's shadow by the encoder thread (as the worker runs text models), and tokenized by
+  the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
 """
 
 RATIO_NOTE = (

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from scripts.benchmarks import cases_peers
+from scripts.benchmarks import cases_overlap, cases_peers
 from scripts.benchmarks.cases_infra import IDLE_SYSTEMS
 from scripts.benchmarks.report import find, idle_added, scale_one, times
 
@@ -105,6 +105,15 @@ def _batch_fill(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, boo
                all(size >= wanted for _, size in sizes))
 
 
+def _overlap(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    """The model never waits for the tokenizer: tokenizing ahead beats tokenizing before each batch."""
+    for r in rows:
+        ratio = r["detail"].get("paired", {}).get("vs_inline") if r["case"] == cases_overlap.CASE else None
+        if ratio is not None:
+            yield (f"next batch tokenized in the model's shadow ({r['system'].split(',')[0]}, "
+                   f"c={r['concurrency']})", "faster than inline", f"{ratio:.2f}× inline", ratio > 1.0)
+
+
 def _baselines(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
     for r in rows:
         if r["case"] != "zbatch-http" or not isinstance(r["concurrency"], int):
@@ -169,8 +178,8 @@ def _scale(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | N
 
 def section(rows: list[dict[str, Any]]) -> list[str]:
     """The Targets section: one line per target this run measured."""
-    lines = [line for part in (_throughput, _default, _batch_fill, _baselines, _infrastructure, _overload, _scale)
-             for line in part(rows)]
+    parts = (_throughput, _default, _batch_fill, _overlap, _baselines, _infrastructure, _overload, _scale)
+    lines = [line for part in parts for line in part(rows)]
     if not lines:
         return []
     out = ["", "## Targets", "", "Each checked against rows of this run (see the Analysis section for the ones "
