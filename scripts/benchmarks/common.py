@@ -86,10 +86,11 @@ def _start_zbatch(daemons: Daemons, dtype: str) -> ZbatchStack:
 
 
 def _start_serve(daemons: Daemons) -> ZbatchStack:
-    """What ``scripts/serve`` starts: a broker, its default 2 workers and the gateway, into ``daemons``."""
+    """What ``scripts/serve`` starts: a broker, its default 2 workers and the gateway with its default settings
+    (``--processes 0``: one process per core), into ``daemons``."""
     broker = daemons.add(start_broker(daemons.log_dir))
     workers = procs.start_serve_workers(daemons, broker, SERVE_WORKERS)
-    url = procs.start_deployed_gateway(daemons, broker)
+    url = procs.start_deployed_gateway(daemons, broker, processes=0)  # the gateway's default: one per core
     return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}",
                        [worker.endpoints["metrics"] for worker in workers])
 
