@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -86,6 +87,11 @@ class InferenceThread:
         self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
         self._threads_cap = torch_threads
         self._ledger_setting = cores_ledger
+        if cores_ledger != "off":
+            # Between batches, OpenMP's threads spin on their cores by default: a worker that just ran a batch
+            # would burn the cores the ledger hands to the next busy worker.  Passive threads sleep instead.
+            # Read once, when torch loads its OpenMP runtime: set before the first ``import torch``.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self.ledger: CoreLedger | None = None
         self.device = ""
         self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
