@@ -20,7 +20,17 @@ HANG_MARKER = "FAULT: hang the worker"
 END_THREAD_MARKER = "FAULT: end the inference thread"
 
 
+MARKERS = (CRASH_MARKER, HANG_MARKER, END_THREAD_MARKER)
+
+
 class FaultInjectingEmbeddings(EmbeddingRunner):
+    def encode(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        """A batch with a marker cannot be encoded ahead, so the inference thread runs it the plain way
+        (:meth:`run`), where the fault happens, whichever thread encodes."""
+        if any(marker in inputs for marker in MARKERS):
+            raise ValueError("FAKE: a fault marker, for run()")
+        return super().encode(inputs, parameters)
+
     def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
         if CRASH_MARKER in inputs:
             os._exit(139)

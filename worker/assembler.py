@@ -39,6 +39,7 @@ class PendingRequest:
     next_item: int = 0
     done_items: int = 0
     finished: bool = False
+    encoded: Any = None  # the runner's encoding of each input, made off the I/O loop (worker.encoder)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,23 @@ answers one question: run what is pending now, or wait a little for more?
    sizes have run, the window is ``max_delay``.  The fit changes only when a
    batch ends, which starts a new window, so each batch keeps its one deadline.
 6. ``max_delay == 0`` means never wait.
+7. Answered clients come back.  A closed-loop client sends its next request
+   as soon as it has its answer, so when a batch ends, the items of the
+   requests it answered are expected again (:class:`Returns`), one round trip
+   later, and the next batch waits for them instead of guessing from the rate
+   (rules 4 and 5, which do not apply while returns are expected).  It runs as
+   soon as as many items have arrived since the model freed as the last batch
+   answered, so nobody waits for a client that is already there: a lone
+   client's request is its own return and runs at once.  Clients that do not
+   come back (they went to another worker, or they were not in a loop) cost
+   at most the return time: the slowest recent return, measured from the
+   model freeing, and never more than ``RETURN_SHARE`` of the time the last
+   batch took, so a batch idles the model at most that share of its own run.
+   The round trip of answered clients through a gateway is many times the
+   model's fixed cost per batch, so without this rule the first returns ran
+   as a small batch while the rest queued behind it, and the two alternated
+   for good (one of 1 and one of 7 for eight clients).  The return deadline is
+   set when the batch ends, so it too is one deadline that arrivals never move.
 
 ``python -m scripts.benchmarks.delay`` measures these rules on a simulated
 accelerator behind the real broker and worker; BENCHMARKS.md keeps the figures.
@@ -43,6 +60,8 @@ WAIT_THRESHOLD = 0.5
 RATE_HORIZON_S = 1.0
 COST_SMOOTHING = 0.1  # weight of a batch's time in its size's moving average
 COST_MIN_BATCHES = 8  # before the cost fit is trusted
+RETURN_SHARE = 0.25  # longest wait for answered clients, as a share of the last batch's time
+RETURN_HISTORY = 8  # batches whose slowest return sets the return time
 
 
 @dataclass(slots=True)
@@ -100,11 +119,48 @@ class BatchCost:
 
 
 @dataclass(slots=True)
+class Returns:
+    """The clients the last batch answered, expected back before its return deadline (rule 7)."""
+
+    answered: int = 0  # items of the requests the last batch answered
+    expected: int = 0  # how many of them are still to come back
+    freed_at: float = 0.0
+    deadline: float = float("-inf")  # no wait for returns after it
+    _latest: float | None = None  # lag of the latest return of the last batch, from freed_at
+    _slowest: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_HISTORY))
+
+    def answered_at(self, now: float, items: int, batch_seconds: float) -> None:
+        """A batch that took ``batch_seconds`` ended at ``now``, answering requests of ``items`` items."""
+        if self._latest is not None:
+            self._slowest.append(self._latest)
+        self._latest = None
+        self.answered = self.expected = items
+        self.freed_at = now
+        cap = RETURN_SHARE * batch_seconds
+        self.deadline = now + (min(cap, max(self._slowest)) if self._slowest else cap)
+
+    def arrived(self, now: float, items: int) -> None:
+        """Arrivals count as returns until the next batch ends, late ones too: they teach the return time."""
+        if self.expected > 0:
+            self.expected = max(0, self.expected - items)
+            self._latest = now - self.freed_at
+
+    def covers(self, first_arrival: float) -> bool:
+        """Whether a batch whose oldest item came at ``first_arrival`` is the one answered clients return to."""
+        return self.answered > 0 and first_arrival < self.deadline
+
+    def waiting_until(self, now: float) -> float | None:
+        """The return deadline while answered clients are still expected before it; else None."""
+        return self.deadline if self.expected > 0 and now < self.deadline else None
+
+
+@dataclass(slots=True)
 class BatchPolicy:
     max_batch_size: int
     max_delay_s: float
     rate: ArrivalRate = field(default_factory=ArrivalRate)
     cost: BatchCost = field(default_factory=BatchCost)
+    returns: Returns = field(default_factory=Returns)
 
     @property
     def window_s(self) -> float:
@@ -116,17 +172,25 @@ class BatchPolicy:
         """``others_held``: the worker held other items of this model when these came, so they are concurrent."""
         if others_held:
             self.rate.record(now, items)
+        self.returns.arrived(now, items)
 
-    def ran(self, items: int, seconds: float) -> None:
-        """A batch of ``items`` took the model ``seconds``."""
+    def ran(self, items: int, seconds: float, answered: int = 0, now: float | None = None) -> None:
+        """A batch of ``items`` took the model ``seconds``; ending at ``now``, it answered requests of
+        ``answered`` items, whose clients may send again (rule 7)."""
         self.cost.record(items, seconds)
+        if now is not None:
+            self.returns.answered_at(now, answered, seconds)
 
     def run_at(self, now: float, pending: int, first_arrival: float, idle_since: float) -> float | None:
         """When to start the next batch on a free model (``<= now``: at once); None if nothing is pending."""
         if pending == 0:
             return None
         window = self.window_s
-        if pending >= self.max_batch_size or window <= 0:
+        if pending >= self.max_batch_size or self.max_delay_s <= 0:
+            return now
+        if self.returns.covers(first_arrival):  # rule 7: answered clients are coming back, or all came
+            return self.returns.waiting_until(now) or now
+        if window <= 0:
             return now
         deadline = max(first_arrival, idle_since) + window
         if now >= deadline:

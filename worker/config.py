@@ -47,8 +47,15 @@ class WorkerConfig:
                                   minimum=1)
     max_body_bytes: int = option(1024 * 1024, "largest request payload, from any caller (bad_request beyond); "
                                  "the gateway's body limit, for ZeroMQ callers", minimum=1024)
-    torch_threads: int = option(0, "torch threads (0: this host's cores divided by --workers)", minimum=0)
-    workers: int = option(1, "worker processes sharing this host's cores", minimum=1)
+    torch_threads: int = option(0, "most torch threads a batch runs on (0: every core the cores ledger grants; "
+                                "with --cores-ledger off, this host's cores divided by --workers)", minimum=0)
+    workers: int = option(1, "worker processes sharing this host's cores, for the fixed split of "
+                          "--cores-ledger off", minimum=1)
+    cores_ledger: str = option("auto", "CPU workers that name the same file share this host's cores by how "
+                               "many of them are busy: a lone busy worker runs torch on all of them, busy ones "
+                               "split them and never run more threads together than the cores; 'auto': this "
+                               "user's file in /dev/shm; 'off': a fixed thread count (--torch-threads)",
+                               check=lambda value: None if value.strip() else "must be auto, off or a file")
     name: str = option("", "worker identity shown by the broker, and its routing id (default: host-pid; "
                        "with CURVE, the name of its key, which it must be)")
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
@@ -103,10 +110,6 @@ class WorkerConfig:
     @property
     def effective_capacity(self) -> int:
         return self.capacity or 2 * self.max_batch_size
-
-    @property
-    def effective_torch_threads(self) -> int:
-        return self.torch_threads or max(1, (os.cpu_count() or 1) // self.workers)
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> WorkerConfig:

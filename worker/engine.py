@@ -3,16 +3,23 @@
 It loads the model, warms it up and runs every batch, so torch is driven
 from one OS thread (torch's thread pools are per calling thread: a second
 thread calling torch pays for its own pool and contends with the first).
-The asyncio I/O loop hands it one batch at a time
-and hears back through ``call_soon_threadsafe``; it never waits on torch.
+The asyncio I/O loop hands it batches in order, at most one waiting behind
+the one that runs, and hears back through ``call_soon_threadsafe``; it never
+waits on torch.  The encoder thread (:mod:`worker.encoder`) tokenizes and
+plans text batches ahead of it, without torch.
 
 A batch that raises is split in halves and retried until the failing inputs
 are alone, so one bad input fails by itself and its neighbours succeed.  A
 runner that can tell a bad input before the model runs (an image it cannot
 decode) returns an :class:`~worker.runners.InputError` in its place instead,
-and the batch runs once without it.  On a
-CPU, :mod:`worker.threads` drops torch to one thread while other processes
-hold the cores, and goes back when they let go.
+and the batch runs once without it.
+
+On a CPU, each batch runs on the cores the host's ledger grants it
+(:mod:`worker.cores`): all of them while this worker is the only one busy, a
+share while others are, never more than are free.  :mod:`worker.threads`
+drops torch to one thread while foreign processes hold the cores, and goes
+back when they let go.  Without the ledger (``--cores-ledger off``) a worker
+keeps a fixed thread count, the host's cores over ``--workers``.
 """
 
 from __future__ import annotations
@@ -20,15 +27,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.assembler import Batch, Counted, ItemFailure
+from worker.assembler import Batch, Counted, ItemFailure, PendingRequest
+from worker.cores import CoreLedger, host_cores, open_ledger
+from worker.encoder import BatchJob, Encoder
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
 from worker.runners.base import Operation
+from worker.runners.device import resolve_device
 from worker.threads import ThreadGovernor
 from zbatch.protocol.wire import Status
 
@@ -64,18 +75,32 @@ def run_isolated(call: Operation, inputs: list[Any], parameters: dict[str, Any])
 
 
 class InferenceThread:
-    """Loads every model in ``specs`` and runs batches in order, one at a time."""
+    """Loads every model in ``specs`` and runs batches in order, one at a time.
+
+    ``torch_threads``: the most a batch may use (0: every core the ledger has, or without a ledger the
+    host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting.
+    """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
-                 done: Done) -> None:
+                 done: Done, workers: int = 1, cores_ledger: str = "off") -> None:
         self.specs = specs
-        self.torch_threads = torch_threads
+        self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
+        self._threads_cap = torch_threads
+        self._ledger_setting = cores_ledger
+        if cores_ledger != "off":
+            # Between batches, OpenMP's threads spin on their cores by default: a worker that just ran a batch
+            # would burn the cores the ledger hands to the next busy worker.  Passive threads sleep instead.
+            # Read once, when torch loads its OpenMP runtime: set before the first ``import torch``.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        self.ledger: CoreLedger | None = None
         self.device = ""
         self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
         self._governed_threads = torch_threads
         self._loop = loop
         self._done = done
-        self._batches: queue.SimpleQueue[tuple[str, Batch] | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
+        self._in_engine = 0  # batches submitted and not done yet (the I/O loop's count)
+        self._encoder = Encoder({})
         self._loaded: asyncio.Future[None] = loop.create_future()
         # Done when the thread ends, for whatever reason: the worker cannot serve without it.
         self.finished: asyncio.Future[None] = loop.create_future()
@@ -87,11 +112,22 @@ class InferenceThread:
         await self._loaded
 
     def submit(self, model: str, batch: Batch) -> None:
-        self._batches.put((model, batch))
+        """I/O loop: run ``batch`` after those submitted before it; one that waits is planned meanwhile."""
+        job = BatchJob(model, batch)
+        if self._in_engine and self._encoder.serves(model, batch.operation):
+            self._encoder.plan_ahead(job)
+        self._in_engine += 1
+        self._batches.put(job)
+
+    def encode_ahead(self, model: str, request: PendingRequest) -> None:
+        """I/O loop: ``request`` waits for a batch; tokenize it meanwhile if its model's runner can."""
+        if self._encoder.serves(model, request.operation):
+            self._encoder.encode_ahead(model, request)
 
     def stop(self, timeout_s: float) -> None:
         self._batches.put(None)
         self._thread.join(timeout_s)
+        self._encoder.stop(timeout_s)
 
     def _main(self) -> None:
         error: BaseException | None = None
@@ -105,25 +141,72 @@ class InferenceThread:
 
     def _serve(self) -> None:
         try:
+            self._open_ledger()
             runners = self._load()
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
+        self._encoder = Encoder(runners)
+        self._encoder.start()
         self._loop.call_soon_threadsafe(self._set_loaded, None)
         governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
-        while (work := self._batches.get()) is not None:
-            model, batch = work
-            threads = self._use_threads(governor)
+        while (job := self._batches.get()) is not None:
+            runner = runners[job.model]
+            wanted = self._governed(governor)
+            threads = self._take_cores(runner, wanted)
             started = time.perf_counter()
-            outcomes = run_isolated(operation_of(runners[model], batch.operation), batch.inputs, batch.parameters)
+            try:
+                outcomes = self._run(runner, job)
+            finally:
+                if self.ledger is not None and runner.device == "cpu":
+                    self.ledger.release()
             elapsed = time.perf_counter() - started
-            self._loop.call_soon_threadsafe(self._done, model, batch, outcomes, elapsed)
-            governor.observe(threads, elapsed, runners[model].modelled_seconds)
+            self._loop.call_soon_threadsafe(self._finish, job, outcomes, elapsed)
+            if threads == wanted:  # a batch on fewer threads than chosen (cores shared) says nothing of the choice
+                governor.observe(threads, elapsed, runner.modelled_seconds)
 
-    def _use_threads(self, governor: ThreadGovernor) -> int:
-        """Set torch's thread count to the governor's choice (probes included); log when its choice changes."""
+    def _open_ledger(self) -> None:
+        """The host's cores ledger, for a worker whose models run on the CPU; every core is then the most a
+        batch may use (``--torch-threads`` caps it)."""
+        if not any(resolve_device(spec.device) == "cpu" for spec in self.specs):
+            return
+        self.ledger = open_ledger(self._ledger_setting)
+        if self.ledger is not None:
+            self.torch_threads = min(self._threads_cap or self.ledger.cores, self.ledger.cores)
+            self._governed_threads = self.torch_threads
+            log.info("sharing this host's %d cores with its other workers (cores ledger %s): up to %d torch "
+                     "thread(s) a batch", self.ledger.cores, self.ledger.path, self.torch_threads)
+
+    def _take_cores(self, runner: Runner, wanted: int) -> int:
+        """Cores for the next batch from the ledger (waiting while none is free), and torch set to use them."""
         import torch
 
+        threads = wanted
+        if self.ledger is not None and runner.device == "cpu":
+            threads = self.ledger.acquire(wanted)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
+
+    def _run(self, runner: Runner, job: BatchJob) -> Outcomes:
+        """One outcome per item: the batch as planned (by the encoder thread, or here), or run the plain way."""
+        batch = job.batch
+        if self._encoder.serves(job.model, batch.operation):
+            self._encoder.settle(job)
+            if job.plan is not None:
+                def call(encodings: list[Any], parameters: dict[str, Any]) -> list[Any]:
+                    plan = job.plan if encodings is job.encodings else runner.plan(encodings, parameters)  # type: ignore[attr-defined]
+                    return runner.run_planned(plan)  # type: ignore[attr-defined, no-any-return]
+
+                return run_isolated(call, job.encodings, batch.parameters)
+        return run_isolated(operation_of(runner, batch.operation), batch.inputs, batch.parameters)
+
+    def _finish(self, job: BatchJob, outcomes: Outcomes, elapsed_s: float) -> None:
+        self._in_engine -= 1
+        self._done(job.model, job.batch, outcomes, elapsed_s)
+
+    def _governed(self, governor: ThreadGovernor) -> int:
+        """The governor's thread count for the next batch (probes included); logged when its choice changes."""
         if governor.current != self._governed_threads:
             self._governed_threads = governor.current
             if governor.current < governor.full:
@@ -132,10 +215,7 @@ class InferenceThread:
                          governor.full, governor.slowdown, governor.current)
             else:
                 log.info("torch threads back to %d: the cores are free again", governor.current)
-        threads = governor.threads
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-        return threads
+        return governor.threads
 
     def _load(self) -> dict[str, Runner]:
         import torch
@@ -146,7 +226,14 @@ class InferenceThread:
         runners = {}
         for spec in self.specs:
             started = time.perf_counter()
-            runners[spec.name] = runner = load_runner(spec)
+            # Warm-up calibrates the model on every thread: with every core, or its timings are wrong.
+            if self.ledger is not None:
+                self.ledger.acquire(self.torch_threads, whole=True)
+            try:
+                runners[spec.name] = runner = load_runner(spec)
+            finally:
+                if self.ledger is not None:
+                    self.ledger.release()
             log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s)", spec.name,
                      spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
         self.device = ",".join(sorted({runner.device for runner in runners.values()}))

@@ -80,6 +80,7 @@ class WorkerServer(daemon.Service):
         self._links: list[BrokerLink] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._batch_started: float | None = None
+        self._queued: Batch | None = None  # a full batch handed to the engine behind the running one
         self._idle_since = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._registered = asyncio.Event()
@@ -101,7 +102,8 @@ class WorkerServer(daemon.Service):
     async def start(self) -> daemon.Essentials:
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
-        self._engine = InferenceThread(specs, self.config.effective_torch_threads, loop, self._batch_done)
+        self._engine = InferenceThread(specs, self.config.torch_threads, loop, self._batch_done,
+                                       self.config.workers, self.config.cores_ledger)
         await self._engine.start()
         for name, slot in self.slots.items():
             slot.details = self._engine.details.get(name, slot.details)
@@ -242,14 +244,25 @@ class WorkerServer(daemon.Service):
         log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, request.items,
                   extra={"request_id": request.trace})
         others_held = len(slot.assembler) > 0
-        slot.assembler.add(PendingRequest(request.request_id, decoded.inputs, decoded.parameters,
-                                          decoded.parameters_key, deadline, now, request.trace, decoded.operation))
+        pending = PendingRequest(request.request_id, decoded.inputs, decoded.parameters, decoded.parameters_key,
+                                 deadline, now, request.trace, decoded.operation)
+        slot.assembler.add(pending)
         slot.policy.arrived(now, request.items, others_held)
         self._schedule()
+        if pending.next_item < len(pending.inputs) and self._engine is not None:
+            self._engine.encode_ahead(slot.spec.name, pending)  # it waits: tokenize it meanwhile
 
     def _schedule(self) -> None:
-        """Start a batch if the policy says so, or set a timer for when it will."""
-        if self._batch_started is not None or self._engine is None:
+        """Start a batch if the policy says so, or set a timer for when it will.
+
+        While a batch runs, a full batch (it cannot grow any more) is handed to the engine at once, so that
+        it is tokenized and planned in the running batch's shadow (:mod:`worker.encoder`).
+        """
+        if self._engine is None:
+            return
+        if self._batch_started is not None:
+            if self._queued is None:
+                self._queue_full_batch()
             return
         now = time.monotonic()
         if self._timer is not None:
@@ -273,20 +286,34 @@ class WorkerServer(daemon.Service):
             self._batch_started = now
             self._engine.submit(slot.spec.name, batch)
 
+    def _queue_full_batch(self) -> None:
+        assert self._engine is not None
+        full = [slot for slot in self.slots.values() if slot.assembler.pending_items >= slot.max_batch_size]
+        if not full:
+            return
+        slot = min(full, key=lambda each: each.assembler.first_arrival())
+        self._queued = slot.assembler.take_batch(slot.max_batch_size)
+        if self._queued is not None:
+            self._engine.submit(slot.spec.name, self._queued)
+
     def _held(self) -> int:
         return sum(len(slot.assembler) for slot in self.slots.values())
 
     def _batch_done(self, model: str, batch: Batch, outcomes: Outcomes, elapsed_s: float) -> None:
-        self._batch_started = None
         self._idle_since = time.monotonic()
+        self._batch_started = None if self._queued is None else self._idle_since  # the queued batch starts
+        self._queued = None
         slot = self.slots[model]
         slot.batches += 1
         slot.batched_items += len(batch.items)
         slot.batch_sizes.observe(len(batch.items))
         slot.inference_times.observe(elapsed_s)
-        slot.policy.ran(len(batch.items), elapsed_s)
         log.debug("%s: batch of %d items in %.1f ms", model, len(batch.items), elapsed_s * 1000)
-        self._send_replies(slot.assembler.complete(batch, outcomes))
+        replies = slot.assembler.complete(batch, outcomes)
+        sizes = {item.request.job_id: len(item.request.inputs) for item in batch.items}
+        slot.policy.ran(len(batch.items), elapsed_s, sum(sizes[reply.request_id] for reply in replies),
+                        self._idle_since)
+        self._send_replies(replies)
         self._schedule()
 
     # ------------------------------------------------------ drain, watchdog

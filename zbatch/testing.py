@@ -263,9 +263,12 @@ def start_worker(broker: Daemon, log_dir: Path, name: str, *, wait: bool = True,
                  env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
     """A worker of ``broker`` (2 inference workers unless told otherwise); ready once the broker lists it.
 
+    The workers started into one ``log_dir`` share a cores ledger there, as the workers of one host do,
+    and no other group's: test runs side by side on a machine do not hand each other their cores.
     With ``wait=False`` it returns at once: start several, then :func:`wait_for_worker` on each.
     """
-    settings = {"backend": broker.backend, "name": name, "workers": 2} | settings
+    settings = {"backend": broker.backend, "name": name, "workers": 2, "cores_ledger": str(log_dir / "cores")
+                } | settings
     daemon = spawn("worker", name, log_dir, env=env, interpreter=None, **settings)
     if wait:
         _started(daemon, lambda: _lists(broker, daemon), f"worker {name} to register")

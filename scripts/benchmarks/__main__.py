@@ -22,6 +22,7 @@ from pathlib import Path
 from scripts.benchmarks import (
     cases_infra,
     cases_model,
+    cases_overlap,
     cases_overload,
     cases_peers,
     charts,
@@ -45,6 +46,7 @@ OTHER_CASES: dict[str, Case] = {
     "gateway": cases_infra.gateway,
     "idle": cases_infra.idle,
     "scale": cases_infra.scale,
+    "overlap": cases_overlap.overlap,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)
 NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes

@@ -25,6 +25,18 @@ class Snapshot:
     sums: dict[str, float] = field(default_factory=dict)
 
 
+async def snapshots(metrics_urls: list[str]) -> Snapshot:
+    """Several workers' histograms added up, as if one worker had run all their batches."""
+    total = Snapshot()
+    for url in metrics_urls:
+        each = await snapshot(url)
+        for bound, count in each.buckets.items():
+            total.buckets[bound] = total.buckets.get(bound, 0) + count
+        for name, value in each.sums.items():
+            total.sums[name] = total.sums.get(name, 0) + value
+    return total
+
+
 async def snapshot(metrics_url: str) -> Snapshot:
     async with aiohttp.ClientSession() as session, session.get(metrics_url) as response:
         text = await response.text()

@@ -9,6 +9,11 @@ the rounds.  The ratios that the targets use are taken inside each round and
 then the median is reported (``paired``), so drift between rounds cancels
 out.
 
+``zbatch-serve`` is zbatch as ``scripts/serve`` ships it: a broker, two
+workers that share the cores through their cores ledger, and the gateway.
+It is held to the same limit and Hugging Face servers as ``zbatch-http``
+(one worker); against real serving frameworks it runs in ``peers``.
+
 ``zbatch-bf16`` is the same gateway stack with ``--dtype bfloat16`` (faster
 on CPUs with AVX512-BF16 or AMX), measured against a limit process in
 bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
@@ -17,8 +22,8 @@ stay float32, as the guide writes them.
 
 ``peers`` (:mod:`scripts.benchmarks.cases_peers`) is zbatch over HTTP next to
 other serving frameworks, at the end of each concurrency's points: its own
-zbatch point, then each peer's, so that its ratios pair points measured one
-after the other.
+zbatch points (the ``zbatch-serve`` stack, then the one-worker stack), then
+each peer's, so that its ratios pair points measured one after the other.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ from scripts.benchmarks.procs import MODEL
 from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient
 
-CASES = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16", "peers")
+CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16",
+         "peers")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
+                "zbatch-serve": "zbatch, scripts/serve (2 workers)",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
 # (batch size, padding-aware grouping) of each limit case's points.
@@ -46,7 +53,7 @@ LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
 LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
 LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
-GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "peers")),
+GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "peers")),
           ("limit-bf16", ("zbatch-bf16",)))
 # the limit each system is held to (the peers case has no ratio to a limit)
 LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases if served in SYSTEM_NAMES}
@@ -68,10 +75,10 @@ def limit_name(batch_size: int, grouped: bool) -> str:
 
 def needs(selected: list[str]) -> set[str]:
     """The long-lived systems the selected model cases run on (names as in Context.release)."""
-    wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"},
+    wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"}, "zbatch-serve": {"serve"},
               "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
               "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")},
-              "peers": {"zbatch", "peers"}}
+              "peers": {"serve", "zbatch", "peers"}}
     return set().union(*(wanted[case] for case in selected if case in wanted))
 
 
@@ -98,7 +105,7 @@ async def run(ctx: Context, selected: list[str]) -> None:
         cases_peers.pair(ctx.rows)
         notes = (await ctx.peers()).notes()
         for r in ctx.rows:
-            if r["case"] == cases_peers.CASE and r["system"] == cases_peers.ZBATCH:
+            if r["case"] == cases_peers.CASE and r["system"] in cases_peers.ZBATCH_ROWS:
                 r["detail"]["peers"] = notes
 
 
@@ -141,6 +148,8 @@ async def _measures(ctx: Context, selected: list[str]) -> Makers:
             makers["zbatch-http"] = [(SYSTEM_NAMES["zbatch-http"], _zbatch_maker(ctx, stack, http=True))]
         if "zbatch-zmq" in selected:
             makers["zbatch-zmq"] = [(SYSTEM_NAMES["zbatch-zmq"], _zbatch_maker(ctx, stack, http=False))]
+    if "zbatch-serve" in selected:
+        makers["zbatch-serve"] = [(SYSTEM_NAMES["zbatch-serve"], _zbatch_maker(ctx, await ctx.serve(), http=True))]
     if "zbatch-bf16" in selected:
         makers["zbatch-bf16"] = [(SYSTEM_NAMES["zbatch-bf16"], _zbatch_maker(ctx, await ctx.zbatch("bfloat16"),
                                                                               http=True))]
@@ -158,7 +167,8 @@ async def _measures(ctx: Context, selected: list[str]) -> Makers:
             makers[f"baseline-{mode}"] = [(SYSTEM_NAMES[f"baseline-{mode}"], baseline_maker)]
     if "peers" in selected:
         peers = await ctx.peers()  # starts the zbatch stack first: the peers' vectors are checked against it
-        makers["peers"] = [(cases_peers.ZBATCH, _zbatch_maker(ctx, await ctx.zbatch(), http=True)),
+        makers["peers"] = [(cases_peers.ZBATCH, _zbatch_maker(ctx, await ctx.serve(), http=True)),
+                           (cases_peers.ZBATCH_ONE, _zbatch_maker(ctx, await ctx.zbatch(), http=True)),
                            *cases_peers.makers(s.warmup_s, s.duration_s, peers)]
     return makers
 

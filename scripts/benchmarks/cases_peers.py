@@ -14,8 +14,10 @@ sent at once so that they share a batch, and its vectors must match zbatch's at 
 one that fails to install or start (the case goes on with the others).
 
 The points run in the model cases' rounds (:mod:`scripts.benchmarks.cases_model`): at each
-concurrency zbatch over HTTP, then each peer, with the bench's closed-loop aiohttp load generator
-and texts, one text per request, a warm-up before each point.  A peer is frozen (SIGSTOP) except
+concurrency zbatch over HTTP, as ``scripts/serve`` ships it (two workers sharing the cores through
+their cores ledger, the gateway's default settings) and with one worker, then each peer, with the
+bench's closed-loop aiohttp load generator and texts, one text per request, a warm-up before each
+point.  A peer is frozen (SIGSTOP) except
 while it is measured: LitServe's batching loop, for one, polls every millisecond while idle.
 """
 
@@ -38,7 +40,9 @@ from scripts.benchmarks.texts import WORDS, shuffled
 from zbatch.testing import Daemons, start_http
 
 CASE = "peers"
-ZBATCH = "zbatch gateway"  # the zbatch row of this case
+ZBATCH = "zbatch, scripts/serve (2 workers)"  # zbatch as shipped: the row the targets hold to the peers
+ZBATCH_ONE = "zbatch, 1 worker"  # the one-worker stack of the other model cases, for comparison
+ZBATCH_ROWS = (ZBATCH, ZBATCH_ONE)
 MIN_COSINE = 0.9999
 CHECK_TEXTS = (*shuffled()[:4], " ".join(WORDS[:320]).capitalize() + ".")  # the last one is over 256 tokens
 TRANSFORMERS = "transformers==5.23.0"  # the peers that run our model code run it on zbatch's transformers
@@ -224,9 +228,9 @@ def makers(warmup_s: float, duration_s: float, systems: PeerSystems) -> list[tup
 def pair(rows: list[dict[str, Any]]) -> None:
     """Ratios within each round for the peers case (detail ``paired``), then their median over the rounds.
 
-    The zbatch row gets ``vs_best_peer`` (its texts/s over the fastest peer's in the same round) and
+    Each zbatch row gets ``vs_best_peer`` (its texts/s over the fastest peer's in the same round) and
     ``best_peer`` (the peer with the highest median texts/s at that concurrency); each peer row gets
-    ``vs_zbatch`` (its texts/s over zbatch's in the same round).
+    ``vs_zbatch`` (its texts/s over zbatch as shipped, :data:`ZBATCH`, in the same round).
     """
     import statistics
 
@@ -235,19 +239,21 @@ def pair(rows: list[dict[str, Any]]) -> None:
         if r["case"] == CASE and r["detail"].get("rounds"):
             by_c.setdefault(r["concurrency"], {})[r["system"]] = r
     for systems in by_c.values():
-        zbatch = systems.get(ZBATCH)
-        peers = {name: r for name, r in systems.items() if name != ZBATCH}
-        if zbatch is None:
-            continue
-        ours = zbatch["detail"]["rounds"]
-        for r in peers.values():
-            ratios = [a["texts_s"] / b["texts_s"] for a, b in zip(r["detail"]["rounds"], ours, strict=False)
-                      if a.get("texts_s") and b.get("texts_s")]
-            r["detail"]["paired"] = {"vs_zbatch": statistics.median(ratios)} if ratios else {}
-        best = [max((r["detail"]["rounds"][i].get("texts_s") or 0.0 for r in peers.values()
-                     if i < len(r["detail"]["rounds"])), default=0.0) for i in range(len(ours))]
-        ratios = [one["texts_s"] / top for one, top in zip(ours, best, strict=True) if one.get("texts_s") and top]
-        paired: dict[str, Any] = {"vs_best_peer": statistics.median(ratios)} if ratios else {}
-        if peers:
-            paired["best_peer"] = max(peers, key=lambda name: peers[name]["texts_s"] or 0.0)
-        zbatch["detail"]["paired"] = paired
+        peers = {name: r for name, r in systems.items() if name not in ZBATCH_ROWS}
+        shipped = systems.get(ZBATCH)
+        if shipped is not None:
+            ours = shipped["detail"]["rounds"]
+            for r in peers.values():
+                ratios = [a["texts_s"] / b["texts_s"] for a, b in zip(r["detail"]["rounds"], ours, strict=False)
+                          if a.get("texts_s") and b.get("texts_s")]
+                r["detail"]["paired"] = {"vs_zbatch": statistics.median(ratios)} if ratios else {}
+        for zbatch in (systems[name] for name in ZBATCH_ROWS if name in systems):
+            ours = zbatch["detail"]["rounds"]
+            best = [max((r["detail"]["rounds"][i].get("texts_s") or 0.0 for r in peers.values()
+                         if i < len(r["detail"]["rounds"])), default=0.0) for i in range(len(ours))]
+            ratios = [one["texts_s"] / top for one, top in zip(ours, best, strict=True)
+                      if one.get("texts_s") and top]
+            paired: dict[str, Any] = {"vs_best_peer": statistics.median(ratios)} if ratios else {}
+            if peers:
+                paired["best_peer"] = max(peers, key=lambda name: peers[name]["texts_s"] or 0.0)
+            zbatch["detail"]["paired"] = paired

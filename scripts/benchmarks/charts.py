@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "zbatch-bf16")
+SYSTEMS = ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16")
 LIMIT_LABELS = {"limit": "limit float32", "limit-bf16": "limit bfloat16"}
 
 

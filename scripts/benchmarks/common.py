@@ -18,6 +18,7 @@ from scripts.benchmarks.procs import MODEL
 from zbatch.testing import Daemons, broker_stats, start_broker
 
 IDLE_TIMEOUT_S = 60.0
+SERVE_WORKERS = 2  # scripts/serve's default ZBATCH_WORKERS
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,16 @@ def row(case: str, system: str, concurrency: int | str, result: dict[str, Any], 
 
 @dataclass
 class ZbatchStack:
-    """Broker, ONE worker (2 torch threads, Prometheus metrics on) and the gateway, as deployed."""
+    """Broker, ONE worker (2 torch threads, Prometheus metrics on) and the gateway, as deployed; or the
+    workers of ``scripts/serve`` (:func:`_start_serve`), whose batches add up."""
 
     daemons: Daemons
     frontend: str
     url: str
-    metrics_url: str
+    metrics_urls: list[str]
 
     async def batches(self) -> batches.Snapshot:
-        return await batches.snapshot(self.metrics_url)
+        return await batches.snapshots(self.metrics_urls)
 
     async def wait_idle(self) -> None:
         """Until the broker holds no work: a storm's cancelled leftovers must not run into the next measurement."""
@@ -80,7 +82,17 @@ def _start_zbatch(daemons: Daemons, dtype: str) -> ZbatchStack:
     broker = daemons.add(start_broker(daemons.log_dir))
     worker = procs.start_model_worker(daemons, broker, dtype)
     url = procs.start_deployed_gateway(daemons, broker)
-    return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}", worker.endpoints["metrics"])
+    return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}", [worker.endpoints["metrics"]])
+
+
+def _start_serve(daemons: Daemons) -> ZbatchStack:
+    """What ``scripts/serve`` starts: a broker, its default 2 workers and the gateway with its default settings
+    (``--processes 0``: one process per core), into ``daemons``."""
+    broker = daemons.add(start_broker(daemons.log_dir))
+    workers = procs.start_serve_workers(daemons, broker, SERVE_WORKERS)
+    url = procs.start_deployed_gateway(daemons, broker, processes=0)  # the gateway's default: one per core
+    return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}",
+                       [worker.endpoints["metrics"] for worker in workers])
 
 
 @dataclass
@@ -116,6 +128,13 @@ class Context:
             procs.log(f"starting the zbatch stack: broker, 1 worker (2 torch threads, {dtype}), gateway")
             self._stacks[key] = await procs.start(Daemons(), _start_zbatch, dtype)
         return self._stacks[key]
+
+    async def serve(self) -> ZbatchStack:
+        """The stack as ``scripts/serve`` ships it (system key "serve")."""
+        if "serve" not in self._stacks:
+            procs.log(f"starting the scripts/serve stack: broker, {SERVE_WORKERS} workers sharing the cores, gateway")
+            self._stacks["serve"] = await procs.start(Daemons(), _start_serve)
+        return self._stacks["serve"]
 
     async def limit(self, dtype: str = "float32") -> LimitProcess:
         key = system_key("limit", dtype)

@@ -1,13 +1,22 @@
 """The batch delay against the clients' round trip, on a simulated accelerator behind the real worker.
 
-``python -m scripts.benchmarks.delay [--delays 0,2,5] [--concurrency 8,32] [--batch-ms 20] [--item-ms 0.2]``
-prints a Markdown table: for each ``--max-batch-delay-ms``, the throughput of
-closed-loop clients (the project's AsyncClient) over what full batches would
-give, and the batch sizes the worker ran.  The worker, broker and policy are
-the real ones; only the model is replaced by :class:`SleepRunner`, which
-costs a fixed time per batch plus a little per item, like a GPU, and uses no
-CPU.  Not a case of ``scripts/bench``: it answers an operator's question (how
-long a delay does a GPU host need?), and the answer is in the README.
+``python -m scripts.benchmarks.delay [--delays 0,2,5] [--concurrency 8,32] [--batch-ms 20] [--item-ms 0.2]
+[--tokenize none|inline|ahead]`` prints a Markdown table: for each
+``--max-batch-delay-ms``, the throughput of closed-loop clients (the
+project's AsyncClient) over what full batches would give, and the batch
+sizes the worker ran.  The worker, broker and policy are the real ones; only
+the model is replaced by :class:`SleepRunner`, which costs a fixed time per
+batch plus a little per item, like a GPU, and uses no CPU.  Not a case of
+``scripts/bench``: it answers an operator's question (how long a delay does
+a GPU host need?), and the answer is in the README.
+
+With ``--tokenize`` the simulated model takes real texts through the real
+tokenizer of the bundled model first (:class:`TokenizingSleepRunner`, a text
+runner whose forward pass sleeps): ``ahead`` as the worker runs text models,
+encoding and planning in the encoder thread while the model runs
+(:mod:`worker.encoder`); ``inline`` with the same work done by the inference
+thread before each batch, as a runner without the three steps is run.  The
+difference is what tokenizing in the model's shadow buys.
 
 Why it matters: if the delay is shorter than the time the last batch's
 clients take to send again, one early client's item runs alone and the rest
@@ -24,6 +33,10 @@ import time
 from typing import Any
 
 from scripts.benchmarks import batches, calls, load, procs
+from scripts.benchmarks.texts import shuffled
+from worker.runners.grouping import NEVER_SPLIT
+from worker.runners.spec import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+from worker.runners.text import TextRunner
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
 from zbatch.testing import Daemon, Daemons, free_port, start_broker, start_worker
@@ -33,6 +46,7 @@ ITEM_MS = 0.2  # and of each item in it
 COST_ENV = "DELAY_BENCH_COST_MS"  # "batch,item": how the benchmark tells the worker's runner its costs
 MODEL = "simulated"
 MAX_BATCH = 32
+RUNNERS = {"none": "SleepRunner", "inline": "InlineTokenizingSleepRunner", "ahead": "TokenizingSleepRunner"}
 
 
 class SleepRunner:
@@ -53,36 +67,89 @@ class SleepRunner:
         return [len(text) for text in inputs]
 
 
+class _Sleeping:
+    """What :class:`TokenizingSleepRunner` has for a model: a dtype for READY, and a forward pass that sleeps."""
+
+    dtype = "float32"
+
+    def __init__(self, batch_s: float, item_s: float) -> None:
+        self.batch_s, self.item_s = batch_s, item_s
+
+    def __call__(self, **encoded: Any) -> None:
+        time.sleep(self.batch_s + self.item_s * len(encoded["input_ids"]))
+
+
+class TokenizingSleepRunner(TextRunner):
+    """A text runner with the bundled model's real tokenizer, whose model sleeps like :class:`SleepRunner`.
+
+    Batches run in one group (no length grouping: one sleep a batch), so only the tokenizer's work and where
+    it runs differ from :class:`SleepRunner`.
+    """
+
+    def __init__(self, spec: Any, device: str, dtype: Any) -> None:
+        from transformers import AutoTokenizer
+
+        batch_ms, item_ms = os.environ.get(COST_ENV, f"{BATCH_MS},{ITEM_MS}").split(",")
+        tokenizer = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
+        model = _Sleeping(float(batch_ms) / 1000, float(item_ms) / 1000)
+        super().__init__(ModelSpec(spec.name, spec.path, spec.task), "cpu", tokenizer, model, 256)
+        self.cost_model = NEVER_SPLIT
+
+    def warm_up(self) -> None:
+        """Nothing to calibrate: the model is a sleep."""
+
+    def _forward(self, encoded: Any, options: Any) -> list[Any]:
+        self._model(**encoded)
+        return [int(n) for n in encoded["attention_mask"].sum(dim=1)]
+
+
+class InlineTokenizingSleepRunner:
+    """:class:`TokenizingSleepRunner` without its three steps: the inference thread tokenizes each batch."""
+
+    def __init__(self, spec: Any, device: str, dtype: Any) -> None:
+        self._runner = TokenizingSleepRunner(spec, device, dtype)
+        self.spec, self.device, self.modelled_seconds = self._runner.spec, "cpu", 0.0
+
+    def warm_up(self) -> None:
+        """Nothing to calibrate: the model is a sleep."""
+
+    def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        return self._runner.run(inputs, parameters)
+
+
 def start_simulated_worker(daemons: Daemons, broker: Daemon, batch_ms: float, item_ms: float,
-                           **settings: Any) -> str:
-    """The real worker serving model ``simulated`` with a :class:`SleepRunner` (``settings`` as its flags).
+                           tokenize: str = "none", **settings: Any) -> str:
+    """The real worker serving model ``simulated`` with a :class:`SleepRunner`, or with a tokenizer in front
+    (``tokenize``: see RUNNERS); ``settings`` as its flags.
 
     Returns its metrics URL.
     """
     port = free_port()
     daemons.add(start_worker(broker, daemons.log_dir, "w0", env={COST_ENV: f"{batch_ms},{item_ms}"}, workers=1,
-                             torch_threads=1, task="python:scripts.benchmarks.delay:SleepRunner",
+                             torch_threads=1, task=f"python:scripts.benchmarks.delay:{RUNNERS[tokenize]}",
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=port, **settings))
     return f"http://127.0.0.1:{port}/metrics"
 
 
-def start_simulated_system(daemons: Daemons, /, batch_ms: float, item_ms: float, **settings: Any) -> tuple[str, str]:
+def start_simulated_system(daemons: Daemons, /, batch_ms: float, item_ms: float, tokenize: str = "none",
+                           **settings: Any) -> tuple[str, str]:
     """A broker and the simulated worker (``settings`` as its flags).
 
     Returns the broker's frontend and the worker's metrics URL.
     """
     broker = daemons.add(start_broker(daemons.log_dir))
-    return broker.frontend, start_simulated_worker(daemons, broker, batch_ms, item_ms, **settings)
+    return broker.frontend, start_simulated_worker(daemons, broker, batch_ms, item_ms, tokenize, **settings)
 
 
-async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: float, item_ms: float
-                  ) -> dict[str, Any]:
+async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: float, item_ms: float,
+                  tokenize: str = "none") -> dict[str, Any]:
     """Throughput and batch sizes of ``concurrency`` closed-loop clients with this batch delay."""
     with procs.running() as daemons:
-        frontend, metrics = await procs.start(daemons, start_simulated_system, batch_ms, item_ms,
+        frontend, metrics = await procs.start(daemons, start_simulated_system, batch_ms, item_ms, tokenize,
                                               max_batch_size=MAX_BATCH, max_batch_delay_ms=delay_ms)
         async with AsyncClient(frontend) as client:
-            call = calls.zmq_infer_call(client, MODEL, ["a short text"])
+            texts = ["a short text"] if tokenize == "none" else shuffled()
+            call = calls.zmq_infer_call(client, MODEL, texts)
             before = await batches.snapshot(metrics)
             result = await load.closed_loop(call, concurrency, warmup_s=0.0, duration_s=seconds)
             ran = batches.difference(before, await batches.snapshot(metrics))
@@ -98,14 +165,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per cell")
     parser.add_argument("--batch-ms", type=float, default=BATCH_MS, help="the simulated model's cost per batch")
     parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
+    parser.add_argument("--tokenize", choices=tuple(RUNNERS), default="none",
+                        help="real texts through the real tokenizer first: in the model's shadow (ahead) or on "
+                             "the inference thread before each batch (inline)")
     args = parser.parse_args()
     print(f"Simulated accelerator: {args.batch_ms:g} ms per batch + {args.item_ms:g} ms per item, "
-          f"batches of up to {MAX_BATCH}.")
+          f"batches of up to {MAX_BATCH}" + ("." if args.tokenize == "none" else
+                                             f"; texts tokenized {args.tokenize} ({DEFAULT_MODEL_NAME}'s tokenizer)."))
     print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |")
     print("|---|---|---|---|---|---|")
     for delay in (float(d) for d in args.delays.split(",")):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            cell = eventloop.run(measure(delay, concurrency, args.seconds, args.batch_ms, args.item_ms))
+            cell = eventloop.run(measure(delay, concurrency, args.seconds, args.batch_ms, args.item_ms,
+                                         args.tokenize))
             sizes = ", ".join(f"{size}: {count}" for size, count in cell["batches"].get("histogram", {}).items())
             print(f"| {delay:g} | {concurrency} | {cell['req_s']:.0f} | {cell['req_s'] / cell['ideal']:.2f}× | "
                   f"{cell['p50_ms']:.1f} | {sizes} |", flush=True)

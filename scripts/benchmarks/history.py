@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.benchmarks.cases_infra import COMPILED_BROKER
+from scripts.benchmarks.cases_peers import ZBATCH, ZBATCH_ROWS
 from scripts.benchmarks.report import find, idle_added, scale_one, sorted_rows, times
 
 HEADING = "## History"
@@ -65,9 +66,10 @@ def _peers(rows: list[dict[str, Any]]) -> list[str | None]:
     """zbatch over the fastest peer at each concurrency (paired in rounds), naming that peer."""
     out: list[str | None] = []
     for r in rows:
-        paired = r["detail"].get("paired", {}) if r["case"] == "peers" and r["system"] == "zbatch gateway" else {}
+        paired = r["detail"].get("paired", {}) if r["case"] == "peers" and r["system"] in ZBATCH_ROWS else {}
         if "vs_best_peer" in paired:
-            out.append(f"zbatch vs best peer (c={r['concurrency']}, {paired['best_peer']}) "
+            label = "zbatch (scripts/serve)" if r["system"] == ZBATCH else "zbatch (1 worker)"
+            out.append(f"{label} vs best peer (c={r['concurrency']}, {paired['best_peer']}) "
                        f"{paired['vs_best_peer']:.2f}×")
     return out
 
@@ -77,7 +79,11 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
     goodput = [(f"{r['case']} goodput/capacity ({r['system']})", times(r["req_s"], r["detail"]["capacity_req_s"]))
                for r in sorted_rows(rows) if r["case"] in ("overload", "storm")]
     over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
-    parts = [
+    fill = [f"HTTP c={r['concurrency']} mean batch {r['detail']['worker_batches']['mean_size']:.1f}" for r in rows
+            if r["case"] == "zbatch-http" and r["concurrency"] in (8, 32) and r["detail"].get("worker_batches")]
+    overlap = [_ratio("tokenized ahead vs inline (simulated 2 ms batch)", r["detail"]["paired"].get("vs_inline"))
+               for r in rows if r["case"] == "overlap" and r["detail"].get("paired")]
+    parts = [*fill, *overlap,
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),
         _ratio("HTTP c=32 vs batched", _paired(rows, "zbatch-http", 32, "vs_batched")),
         None if over is None else f"HTTP c=1 p50 {over:+.1f} ms over limit b1",

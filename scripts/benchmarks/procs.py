@@ -160,6 +160,21 @@ def start_model_worker(daemons: Daemons, broker: Daemon, dtype: str = "float32")
     return worker
 
 
+def start_serve_workers(daemons: Daemons, broker: Daemon, workers: int = 2) -> list[Daemon]:
+    """``workers`` real workers as ``scripts/serve`` starts them (``--workers N``, sharing the cores through
+    their cores ledger), metrics on."""
+    started = []
+    for index in range(workers):
+        port = free_port()
+        worker = daemons.add(start_worker(broker, daemons.log_dir, f"worker-{index}", wait=False, workers=workers,
+                                          device="cpu", metrics_port=port))
+        worker.endpoints["metrics"] = f"http://127.0.0.1:{port}/metrics"
+        started.append(worker)
+    for worker in started:
+        wait_for_worker(broker, worker)
+    return started
+
+
 def start_deployed_gateway(daemons: Daemons, broker: Daemon, **settings: Any) -> str:
     """The gateway at its default log level, as deployed (``settings`` as its flags), once it reaches the broker.
 

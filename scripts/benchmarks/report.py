@@ -17,8 +17,9 @@ from typing import Any
 from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
-CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "baseline-naive", "baseline-batched", "limit-bf16",
-              "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale")
+CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched",
+              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale",
+              "overlap")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
@@ -91,6 +92,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             parts.append(f"{r['detail']['added_ms']:+.2f} ms p50 over its model")
         elif case in ("overload", "storm"):
             parts.append(_ratio_text(times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
+        elif case == "overlap":
+            parts.append(_ratio_text(paired.get("vs_inline"), "inline"))
         elif case == "scale":
             one = scale_one(rows, r["detail"]["series"])
             n = r["detail"]["workers"]
@@ -165,6 +168,9 @@ CASE_NOTES = """
   one padded forward pass per batch (the offline rate), and once more grouped by length as zbatch does.
 * **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
+* **zbatch-serve**: zbatch as `scripts/serve` ships it: broker + its default 2 workers, which share the
+  cores through their cores ledger (`worker/cores.py`), + gateway with its default settings; over HTTP like
+  zbatch-http.
 * **baseline-naive / baseline-batched**: the Hugging Face *pipelines for a webserver* guide as written,
   and with its batching done right (`scripts/benchmarks/baselines.py`); same model code as the limit.
 * **zbatch-bf16**: the zbatch-http stack with the worker's `--dtype bfloat16`, over HTTP, and its own limit
@@ -175,14 +181,16 @@ CASE_NOTES = """
   (the limit right before the systems it is compared with), rows show the median over the rounds, and the
   ratios in their `ratio` column are taken inside each round, then the median (this machine drifts 10-30 %
   within a minute).
-* **peers**: zbatch over HTTP next to other serving frameworks, each installed on first use in its own venv
-  (`$ZBATCH_BENCH_CACHE/peers/NAME`, default `~/.cache/zbatch-bench/peers/NAME`) with torch's CPU build, and
-  started from a small script of ours (`scripts/benchmarks/peers/`): Infinity, mosec, Triton through PyTriton
+* **peers**: zbatch over HTTP as `scripts/serve` ships it (the zbatch-serve stack: 2 workers sharing the
+  cores) and with one worker (the zbatch-http stack) next to other serving frameworks, each installed on
+  first use in its own venv (`$ZBATCH_BENCH_CACHE/peers/NAME`, default `~/.cache/zbatch-bench/peers/NAME`)
+  with torch's CPU build, and started from a small script of ours (`scripts/benchmarks/peers/`): Infinity,
+  mosec, Triton through PyTriton
   (the real `tritonserver` and its dynamic batcher), LitServe, Ray Serve. All serve the same model folder the
   same way (max batch 32, about 5 ms batching wait, 2 torch threads, truncation at 256 tokens, mean pooling,
   L2 norm), and must give zbatch's vectors (cosine ≥ 0.9999) to be measured; each is frozen (SIGSTOP) except
-  while it is measured. Measured in the rounds above, after the other systems at each concurrency: zbatch
-  first, then each peer. Not in `--quick`; `scripts/bench --cases peers` runs it alone (`--peers` picks some).
+  while it is measured. Measured in the rounds above, after the other systems at each concurrency: zbatch's
+  two rows first, then each peer. Not in `--quick`; `scripts/bench --cases peers` runs it alone (`--peers` picks some).
 * **routing**: the zbatch broker vs `zmq.proxy`, each with 2 instant echo workers, same AsyncClient load;
   the same broker with its hot path compiled by mypyc (`scripts/compile-native`, `ZBATCH_NATIVE_DIR`);
   plus a Python forwarder with no logic on the broker's event loop and socket calls: the floor for any
@@ -201,6 +209,10 @@ CASE_NOTES = """
 * **scale**: N simulated workers behind one broker, 64 closed-loop clients per worker; "CPU-class"
   sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
+* **overlap**: 32 closed-loop clients against the simulated-accelerator worker of
+  `python -m scripts.benchmarks.delay`, its model sleeping 2 ms a batch behind the real tokenizer: texts
+  tokenized in the model's shadow by the encoder thread (as the worker runs text models), and tokenized by
+  the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
 """
 
 RATIO_NOTE = (

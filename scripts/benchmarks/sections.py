@@ -106,12 +106,14 @@ def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
 def _batches(batch_rows: list[dict[str, Any]]) -> list[str]:
     out = _table_start("Batches the worker ran",
                        "From the worker's Prometheus histograms, scraped before and after each measurement "
-                       "(warm-up included, all rounds together); model ms is the worker's own time per batch.",
-                       ["case", "concurrency", "batches", "mean size", "mean model ms", "sizes (size: count)"])
+                       "(warm-up included, all rounds together; several workers added up); model ms is the "
+                       "workers' own time per batch.",
+                       ["case", "system", "concurrency", "batches", "mean size", "mean model ms",
+                        "sizes (size: count)"])
     for r in batch_rows:
         b = r["detail"]["worker_batches"]
         hist = ", ".join(f"{k}: {v}" for k, v in b["histogram"].items())
-        out.append(f"| {r['case']} | {r['concurrency']} | {b['batches']} | {b['mean_size']:.1f} | "
+        out.append(f"| {r['case']} | {r['system']} | {r['concurrency']} | {b['batches']} | {b['mean_size']:.1f} | "
                    f"{b['mean_batch_ms']:.1f} | {hist} |")
     return out
 

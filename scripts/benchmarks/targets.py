@@ -12,10 +12,14 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
+from scripts.benchmarks import cases_overlap, cases_peers
 from scripts.benchmarks.cases_infra import IDLE_SYSTEMS
 from scripts.benchmarks.report import find, idle_added, scale_one, times
 
 DEADLINE_MS = 30_000.0  # the gateway's default request timeout: an accepted request must beat it
+FILL_CONCURRENCY = (8, 32)  # closed-loop clients whose batches must fill
+FILL_SHARE = 0.9
+MAX_BATCH = 32  # the worker's default --max-batch-size
 
 
 def _paired(rows: list[dict[str, Any]], case: str, c: int, key: str) -> float | None:
@@ -73,6 +77,41 @@ def _idle_floor(rows: list[dict[str, Any]]) -> str:
     if zbatch is None or bare is None:
         return ""
     return f"; around a sleeping model (no CPU): zbatch {zbatch:+.2f} ms, bare aiohttp {bare:+.2f} ms"
+
+
+def _default(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    """zbatch as scripts/serve ships it against the best peer: a tie at one client, 1.2x from eight up."""
+    for r in rows:
+        paired = r["detail"].get("paired", {})
+        if r["case"] != cases_peers.CASE or r["system"] != cases_peers.ZBATCH or "vs_best_peer" not in paired:
+            continue
+        c, ratio = r["concurrency"], paired["vs_best_peer"]
+        goal = 1.0 if c == 1 else 1.2
+        yield (f"the default (scripts/serve) vs the best peer, c={c}", f"≥ {goal:.1f}×",
+               f"{ratio:.2f}× {paired.get('best_peer')}", ratio >= goal)
+
+
+def _batch_fill(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    """One worker under closed-loop clients: the mean batch at least 0.9 of the clients (of a full batch)."""
+    for c in FILL_CONCURRENCY:
+        sizes = [(r["case"], r["detail"]["worker_batches"]["mean_size"]) for r in rows
+                 if r["case"] in ("zbatch-http", "zbatch-zmq") and r["concurrency"] == c
+                 and r["detail"].get("worker_batches")]
+        if not sizes:
+            continue
+        wanted = FILL_SHARE * min(c, MAX_BATCH)
+        measured = ", ".join(f"{size:.1f} ({'HTTP' if case == 'zbatch-http' else 'ZeroMQ'})" for case, size in sizes)
+        yield (f"batches fill, one worker, c={c}", f"mean batch ≥ {wanted:g} items", measured,
+               all(size >= wanted for _, size in sizes))
+
+
+def _overlap(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
+    """The model never waits for the tokenizer: tokenizing ahead beats tokenizing before each batch."""
+    for r in rows:
+        ratio = r["detail"].get("paired", {}).get("vs_inline") if r["case"] == cases_overlap.CASE else None
+        if ratio is not None:
+            yield (f"next batch tokenized in the model's shadow ({r['system'].split(',')[0]}, "
+                   f"c={r['concurrency']})", "faster than inline", f"{ratio:.2f}× inline", ratio > 1.0)
 
 
 def _baselines(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | None]]:
@@ -139,7 +178,8 @@ def _scale(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | N
 
 def section(rows: list[dict[str, Any]]) -> list[str]:
     """The Targets section: one line per target this run measured."""
-    lines = [line for part in (_throughput, _baselines, _infrastructure, _overload, _scale) for line in part(rows)]
+    parts = (_throughput, _default, _batch_fill, _overlap, _baselines, _infrastructure, _overload, _scale)
+    lines = [line for part in parts for line in part(rows)]
     if not lines:
         return []
     out = ["", "## Targets", "", "Each checked against rows of this run (see the Analysis section for the ones "

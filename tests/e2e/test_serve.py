@@ -94,6 +94,13 @@ def lose_a_worker(served: Served, name: str, how: signal.Signals) -> dict[str, A
     return result
 
 
+def test_the_workers_share_the_hosts_cores_through_the_default_ledger(served: Served) -> None:
+    """As shipped, the workers take their cores from the host's ledger: a lone request gets them all."""
+    shared = re.findall(r"zbatch-worker\[\d+\] zbatch.worker: sharing this host's \d+ cores with its other "
+                        r"workers \(cores ledger /dev/shm/zbatch-cores-\d+\)", served.log())
+    assert len(shared) >= 2, served.log()
+
+
 def test_a_killed_worker_is_restarted_and_no_request_is_lost(served: Served) -> None:
     result = lose_a_worker(served, "worker-0", signal.SIGKILL)
     assert result["by_code"] == {"ok": result["answered"]}, result

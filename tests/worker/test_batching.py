@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.batching import COST_MIN_BATCHES, ArrivalRate, BatchCost, BatchPolicy
+from worker.batching import COST_MIN_BATCHES, RETURN_HISTORY, RETURN_SHARE, ArrivalRate, BatchCost, BatchPolicy
 
 
 def policy(max_batch: int = 4, delay_ms: float = 5.0) -> BatchPolicy:
@@ -182,3 +182,126 @@ def test_a_model_with_no_fixed_cost_never_waits() -> None:
     run_batches(p, fixed_ms=0, item_ms=8, sizes=[1, 4, 8, 2] * 4)
     steady_stream(p, start=0.0, per_second=1000, seconds=1)
     assert p.run_at(now=1.0, pending=1, first_arrival=1.0, idle_since=0.5) == 1.0
+
+
+# --- rule 7: answered clients come back ------------------------------------------------------------
+
+BATCH_S = 0.100  # the batch that just ended took this long; its clients come back a few ms later
+
+
+def end_batch(p: BatchPolicy, at: float, answered: int, seconds: float = BATCH_S) -> None:
+    p.ran(answered, seconds, answered=answered, now=at)
+
+
+def returning(p: BatchPolicy, freed: float, lags_ms: list[float], pending_before: int = 0) -> list[float]:
+    """Clients come back ``lags_ms`` after the model freed at ``freed``; each one's verdict from run_at."""
+    verdicts = []
+    first = None
+    for count, lag in enumerate(lags_ms, start=1):
+        now = freed + lag / 1000
+        first = first if first is not None else now
+        p.arrived(now, 1, others_held=pending_before + count > 1)
+        at = p.run_at(now, pending_before + count, min(first, freed) if pending_before else first, freed)
+        assert at is not None
+        verdicts.append(at)
+    return verdicts
+
+
+def test_a_closed_loop_batch_waits_for_every_answered_client_and_runs_when_the_last_is_back() -> None:
+    """Eight clients through a gateway come back 5 to 11 ms after their answers: one batch of 8, never 1 + 7."""
+    p = policy(max_batch=32)
+    freed = 1.0
+    end_batch(p, freed, answered=8)
+    lags = [5.0, 7.5, 8.0, 8.5, 9.0, 9.5, 10.0, 11.0]
+    verdicts = returning(p, freed, lags)
+    deadline = freed + RETURN_SHARE * BATCH_S
+    assert verdicts[:-1] == [deadline] * 7  # one deadline, set when the batch ended
+    assert verdicts[-1] == freed + lags[-1] / 1000  # the eighth is back: run at once
+
+
+def test_a_lone_client_is_its_own_return_and_never_waits() -> None:
+    p = policy(max_batch=32)
+    t = 0.0
+    for _ in range(50):
+        t += 0.003  # back 3 ms after its answer
+        p.arrived(t, 1, others_held=False)
+        assert p.run_at(t, 1, t, t - 0.003) == t
+        end_batch(p, t + 0.010, answered=1, seconds=0.010)
+        t += 0.010
+
+
+def test_clients_that_do_not_come_back_cost_at_most_a_share_of_the_batch() -> None:
+    """Eight answered, three came back (the others went to another worker): run at the return deadline."""
+    p = policy(max_batch=32)
+    end_batch(p, 1.0, answered=8)
+    verdicts = returning(p, 1.0, [2.0, 3.0, 4.0])
+    assert verdicts == [1.0 + RETURN_SHARE * BATCH_S] * 3
+    now = 1.0 + RETURN_SHARE * BATCH_S
+    assert p.run_at(now, 3, 1.002, 1.0) == now
+
+
+def test_the_return_deadline_is_the_slowest_recent_return_when_that_is_sooner() -> None:
+    p = policy(max_batch=32)
+    t = 1.0
+    for _ in range(RETURN_HISTORY):
+        end_batch(p, t, answered=4)
+        returning(p, t, [1.0, 2.0, 3.0, 4.0])  # all four back within 4 ms
+        t += 0.2
+    end_batch(p, t, answered=4)
+    assert returning(p, t, [1.0, 2.0]) == [t + 0.004] * 2
+
+
+def test_returns_that_came_late_lengthen_the_return_time_up_to_the_cap() -> None:
+    """A straggler that arrived during the next batch still counts: the next deadline waits for it."""
+    p = policy(max_batch=32)
+    for _ in range(RETURN_HISTORY):
+        end_batch(p, 1.0, answered=2)
+        returning(p, 1.0, [1.0, 2.0])
+    end_batch(p, 2.0, answered=2)
+    returning(p, 2.0, [1.0])
+    p.arrived(2.015, 1, others_held=True)  # back 15 ms after the model freed: it missed its batch
+    end_batch(p, 3.0, answered=2)
+    assert returning(p, 3.0, [1.0]) == [3.015]
+    end_batch(p, 4.0, answered=2)
+    returning(p, 4.0, [1.0])
+    p.arrived(4.5, 1, others_held=True)  # half a second: far beyond the cap
+    end_batch(p, 5.0, answered=2)
+    assert returning(p, 5.0, [1.0]) == [5.0 + RETURN_SHARE * BATCH_S]
+
+
+def test_items_that_queued_behind_the_batch_wait_with_the_returns() -> None:
+    p = policy(max_batch=32)
+    p.arrived(0.95, 1, others_held=True)
+    p.arrived(0.96, 1, others_held=True)
+    end_batch(p, 1.0, answered=4)
+    deadline = 1.0 + RETURN_SHARE * BATCH_S
+    assert p.run_at(1.0, 2, 0.95, 1.0) == deadline
+    assert returning(p, 1.0, [3.0, 4.0, 5.0, 6.0], pending_before=2) == [deadline] * 3 + [1.006]
+
+
+def test_the_returns_are_cut_at_the_largest_batch() -> None:
+    p = policy(max_batch=4)
+    end_batch(p, 1.0, answered=8)
+    assert returning(p, 1.0, [1.0, 2.0, 3.0, 4.0])[-1] == 1.004
+
+
+def test_long_after_the_return_deadline_a_new_arrival_follows_the_rate() -> None:
+    p = policy(max_batch=32)
+    steady_stream(p, start=0.0, per_second=1000, seconds=1)  # a rate that says wait (rules 4 and 5)
+    end_batch(p, 1.0, answered=8)
+    later = 1.0 + 2 * RETURN_SHARE * BATCH_S
+    p.arrived(later, 1, others_held=False)
+    assert p.run_at(later, 1, later, 1.0) == later + 0.005
+
+
+def test_zero_delay_never_waits_for_returns_either() -> None:
+    p = policy(max_batch=32, delay_ms=0)
+    end_batch(p, 1.0, answered=8)
+    assert returning(p, 1.0, [1.0]) == [1.001]
+
+
+def test_a_batch_that_answered_nobody_expects_nobody() -> None:
+    """Its items belonged to a request still running in the next batch: rules 3 to 5 decide, as before."""
+    p = policy(max_batch=32)
+    end_batch(p, 1.0, answered=0)
+    assert returning(p, 1.0, [1.0]) == [1.001]

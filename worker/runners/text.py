@@ -3,20 +3,27 @@
 Theory of operation
 -------------------
 :class:`TextRunner` runs a batch of texts (or ``[text, text_pair]`` pairs)
-through a tokenizer and a model, one forward pass per length group:
+through a tokenizer and a model, one forward pass per length group, in three
+steps that the worker can run on different threads (:mod:`worker.engine`):
 
-1. Inputs and parameters are checked; a bad parameter refuses the batch.
-2. A batch of several inputs is tokenized once without padding, to learn its
-   lengths; :mod:`worker.runners.grouping` plans the length groups from them.
-   A one-input batch skips this (no plan to make on the latency path).
-3. With ``truncate`` false the lengths are taken untruncated (even for one
-   input), and each input longer than the model takes is refused alone: its
-   result is an :class:`InputError` saying its length and the maximum, and the
-   others run.
-4. Each group is tokenized padded, truncated on ``truncation_direction``, and
-   run.  The attention mask of that tokenization counts each input's tokens
-   as run, after truncation with special tokens, so counting costs nothing:
-   results are :class:`~worker.runners.spec.Outputs` carrying those counts.
+1. :meth:`~TextRunner.encode`: inputs and parameters are checked (a bad
+   parameter refuses the batch), and the inputs are tokenized once, without
+   padding, truncated on ``truncation_direction``.  With ``truncate`` false
+   they are taken untruncated, and each input longer than the model takes is
+   refused alone: its result is an :class:`InputError` saying its length and
+   the maximum, and the others run.  Only the tokenizer runs, never torch;
+   the tokenizer is locked, so any thread may encode.  Inputs encode the same
+   alone as in a batch, so the worker encodes each request as it arrives and
+   a batch gathers its requests' encodings.
+2. :meth:`~TextRunner.plan`: :mod:`worker.runners.grouping` plans the length
+   groups from the encodings' lengths, and each group is padded into arrays
+   (numpy, no torch).  Each encoding's length is the input's tokens as run,
+   after truncation with special tokens, so counting costs nothing: results
+   are :class:`~worker.runners.spec.Outputs` carrying those counts.
+3. :meth:`~TextRunner.run_planned`: each group's arrays become tensors on
+   the model's device and run; only this step calls torch.
+
+:meth:`~TextRunner.run` does the three in a row.
 
 The ``tokenize`` operation (:func:`tokenize_texts`) runs the tokenizer alone
 and answers TEI's ``/tokenize`` shape; the pipeline runner shares it.
@@ -27,10 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 from worker.runners.spec import (
@@ -55,6 +65,30 @@ UNKNOWN_LENGTH = 2**24  # tokenizers that do not know their maximum say 1e30
 class Truncation:
     enabled: bool = True
     direction: str = "right"
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    """One input as the model takes it, before padding: its row of each of the tokenizer's outputs but the
+    attention mask (``input_ids``, and ``token_type_ids`` for models that take them)."""
+
+    rows: dict[str, np.ndarray]
+
+    @property
+    def length(self) -> int:
+        """The input's tokens as the model runs them: truncated, special tokens included."""
+        return len(self.rows["input_ids"])
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A batch ready for the model: its length groups padded into arrays, refused inputs' errors in place."""
+
+    groups: list[tuple[list[int], dict[str, np.ndarray]]]  # (indices into the batch, the group's arrays)
+    outputs: list[Any]  # an InputError where an input was refused, None where the model will answer
+    tokens: list[int]
+    options: Any
+    modelled_seconds: float  # the groups' modelled time on the full thread count (0: not known)
 
 
 def check_parameters(parameters: dict[str, Any], accepted: frozenset[str], task: str) -> None:
@@ -151,6 +185,7 @@ class TextRunner:
         self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
         self.details = ModelDetails(max_length, dtype=dtype_name(model.dtype))
         self._tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()  # a tokenizer's settings are shared state: one call at a time
         self._model = model
         self._length_grouping = True
 
@@ -170,33 +205,57 @@ class TextRunner:
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
         self.modelled_seconds = 0.0
-        return tokenize_texts(self._tokenizer, inputs, parameters)
+        with self._tokenizer_lock:
+            return tokenize_texts(self._tokenizer, inputs, parameters)
 
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         """One output per input, in input order, with the tokens each took (refused inputs: an InputError)."""
         self.modelled_seconds = 0.0  # stays 0 if this batch is refused before it runs
+        return self.run_planned(self.plan(self.encode(inputs, parameters), parameters))
+
+    def encode(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Encoding | InputError]:
+        """Each input tokenized for the model, or the InputError that refuses it alone; InputError for a bad
+        batch.  The tokenizer only, never torch: any thread may call it."""
         check_inputs(inputs, self.kind, self.spec.task)
         check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS, self.spec.task)
         truncation = truncation_of(parameters)
+        self._options(parameters)
+        limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
+        with self._tokenizer_lock, truncation_side(self._tokenizer, truncation.direction):
+            encoded = self._tokenizer(_texts(inputs), **limit)
+        keys = [key for key in encoded if key != "attention_mask"]
+        results: list[Encoding | InputError] = []
+        for index in range(len(inputs)):
+            length = len(encoded["input_ids"][index])
+            if length > self.max_length:  # only untruncated
+                results.append(InputError(
+                    f"this input has {length} tokens and the model takes at most {self.max_length}: "
+                    "shorten it, or let the model truncate it (parameter 'truncate': true)"))
+            else:
+                results.append(Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys}))
+        return results
+
+    def plan(self, encodings: Sequence[Encoding | InputError], parameters: dict[str, Any]) -> Planned:
+        """The length groups of a batch of encodings, padded; numpy only, never torch."""
         options = self._options(parameters)
-        outputs: list[Any] = [None] * len(inputs)
-        tokens = [0] * len(inputs)
-        with truncation_side(self._tokenizer, truncation.direction):
-            lengths = self._lengths(inputs, truncation.enabled) if len(inputs) > 1 or not truncation.enabled else []
-            runnable = list(range(len(inputs)))
-            if not truncation.enabled:
-                for index, length in enumerate(lengths):
-                    if length > self.max_length:
-                        outputs[index] = InputError(
-                            f"this input has {length} tokens and the model takes at most {self.max_length}: "
-                            "shorten it, or let the model truncate it (parameter 'truncate': true)")
-                runnable = [index for index in runnable if outputs[index] is None]
-            for group in self._groups(runnable, lengths):
-                encoded = self._encode([inputs[i] for i in group])
-                counts = encoded["attention_mask"].sum(dim=1).tolist()
-                for index, output, count in zip(group, self._forward(encoded, options), counts, strict=True):
-                    outputs[index], tokens[index] = output, int(count)
-        return Outputs(outputs, tokens)
+        outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
+        tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
+        runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
+        groups, modelled = self._groups(runnable, tokens)
+        padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
+        return Planned(padded, outputs, tokens, options, modelled)
+
+    def run_planned(self, planned: Planned) -> Outputs:
+        """Run a planned batch's groups through the model: the only step that calls torch."""
+        import torch
+
+        self.modelled_seconds = planned.modelled_seconds
+        outputs = list(planned.outputs)
+        for group, arrays in planned.groups:
+            encoded = {key: torch.from_numpy(array).to(self.device) for key, array in arrays.items()}
+            for index, output in zip(group, self._forward(encoded, planned.options), strict=True):
+                outputs[index] = output
+        return Outputs(outputs, list(planned.tokens))
 
     def _options(self, parameters: dict[str, Any]) -> Any:
         """The task's own parameters, checked (InputError), in whatever form :meth:`_forward` takes."""
@@ -206,30 +265,41 @@ class TextRunner:
         """One output per row of a padded, tokenized group."""
         raise NotImplementedError
 
-    def _groups(self, runnable: list[int], lengths: Sequence[int]) -> list[list[int]]:
-        """``runnable`` (indices of the batch) in the length groups that cost least to run."""
-        if len(runnable) < 2 or not lengths:
-            return [runnable] if runnable else []
+    def _groups(self, runnable: list[int], lengths: Sequence[int]) -> tuple[list[list[int]], float]:
+        """``runnable`` (indices of the batch) in the length groups that cost least to run, and their modelled
+        time (0 for one input: no plan to make)."""
+        if len(runnable) < 2:
+            return ([runnable] if runnable else []), 0.0
         chosen = [lengths[i] for i in runnable]
         plan = plan_groups(chosen, self.cost_model if self._length_grouping else NEVER_SPLIT)
-        self.modelled_seconds = self.cost_model.seconds(plan, chosen)
-        return [[runnable[i] for i in group] for group in plan]
+        return [[runnable[i] for i in group] for group in plan], self.cost_model.seconds(plan, chosen)
 
-    def _lengths(self, inputs: list[Any], truncate: bool) -> list[int]:
-        """Tokens per input, truncated or not (a fast tokenizer does 32 texts in about a millisecond)."""
-        limit = {"truncation": True, "max_length": self.max_length} if truncate else {}
-        return [len(ids) for ids in self._tokenizer(_texts(inputs), **limit)["input_ids"]]
-
-    def _encode(self, inputs: list[Any]) -> Any:
-        return self._tokenizer(_texts(inputs), padding=True, truncation=True, max_length=self.max_length,
-                               return_tensors="pt").to(self.device)
+    def _pad(self, encodings: list[Encoding]) -> dict[str, np.ndarray]:
+        """One group's rows padded to its longest, on the tokenizer's padding side, with its attention mask."""
+        longest = max(each.length for each in encodings)
+        tokenizer = self._tokenizer
+        left = tokenizer.padding_side == "left"
+        pads = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+        if pads["input_ids"] is None and any(each.length < longest for each in encodings):
+            raise ValueError("this model's tokenizer has no padding token, so inputs of different lengths "
+                             "cannot share a batch")
+        arrays = {key: np.full((len(encodings), longest), pads.get(key) or 0, dtype=np.int64)
+                  for key in encodings[0].rows}
+        mask = np.zeros((len(encodings), longest), dtype=np.int64)
+        for row, each in enumerate(encodings):
+            span = slice(longest - each.length, longest) if left else slice(0, each.length)
+            for key, values in each.rows.items():
+                arrays[key][row, span] = values
+            mask[row, span] = 1
+        return {**arrays, "attention_mask": mask}
 
     def _seconds_for(self, rows: int, tokens: int) -> float:
         """Time one forward pass over ``rows`` inputs of exactly ``tokens`` tokens (for calibration)."""
         import torch
 
         shape = (rows, min(tokens, self.max_length))
-        word_id = self._tokenizer.convert_tokens_to_ids(self._tokenizer.unk_token or "a")
+        with self._tokenizer_lock:
+            word_id = self._tokenizer.convert_tokens_to_ids(self._tokenizer.unk_token or "a")
         assert isinstance(word_id, int)  # one token in, one id out
         batch = {"input_ids": torch.full(shape, word_id, device=self.device),
                  "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device)}

@@ -22,8 +22,10 @@ class ServeConfig:
     daemon that exits, and stop them in order (gateways, workers, brokers) on SIGTERM or Ctrl-C. Every other
     ZBATCH_* variable reaches the daemons."""
 
-    workers: int = option(2, "worker daemons to start (worker-0, worker-1, ...); each also takes it as its own "
-                             "'workers' setting, so they split the cores; 0: none on this host", minimum=0)
+    workers: int = option(2, "worker daemons to start (worker-0, worker-1, ...); they share the cores through "
+                             "the host's cores ledger (a lone busy one gets them all), and each also takes it as "
+                             "its own 'workers' setting, the fixed split of --cores-ledger off; 0: none on this "
+                             "host", minimum=0)
     host: str = option("127.0.0.1", "address the gateway listens on")
     port: int = option(8000, "TCP port the gateway listens on", minimum=1)
     processes: int = option(0, "gateway processes sharing the port; 0: the gateway's default (one per core, "
