@@ -78,12 +78,14 @@ class InferenceThread:
     """Loads every model in ``specs`` and runs batches in order, one at a time.
 
     ``torch_threads``: the most a batch may use (0: every core the ledger has, or without a ledger the
-    host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting.
+    host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting; ``tokenize_ahead``:
+    whether the encoder thread prepares text batches in the model's shadow (:mod:`worker.encoder`).
     """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
-                 done: Done, workers: int = 1, cores_ledger: str = "off") -> None:
+                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: bool = True) -> None:
         self.specs = specs
+        self._tokenize_ahead = tokenize_ahead
         self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
         self._threads_cap = torch_threads
         self._ledger_setting = cores_ledger
@@ -146,8 +148,9 @@ class InferenceThread:
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
-        self._encoder = Encoder(runners)
-        self._encoder.start()
+        if self._tokenize_ahead:
+            self._encoder = Encoder(runners)
+            self._encoder.start()
         self._loop.call_soon_threadsafe(self._set_loaded, None)
         governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
         while (job := self._batches.get()) is not None:

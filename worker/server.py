@@ -103,7 +103,7 @@ class WorkerServer(daemon.Service):
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.torch_threads, loop, self._batch_done,
-                                       self.config.workers, self.config.cores_ledger)
+                                       self.config.workers, self.config.cores_ledger, self.config.tokenize_ahead)
         await self._engine.start()
         for name, slot in self.slots.items():
             slot.details = self._engine.details.get(name, slot.details)

@@ -81,7 +81,8 @@ def key_ratios(rows: list[dict[str, Any]]) -> list[str]:
     over = _paired(rows, "zbatch-http", 1, "p50_over_limit_ms")
     fill = [f"HTTP c={r['concurrency']} mean batch {r['detail']['worker_batches']['mean_size']:.1f}" for r in rows
             if r["case"] == "zbatch-http" and r["concurrency"] in (8, 32) and r["detail"].get("worker_batches")]
-    overlap = [_ratio("tokenized ahead vs inline (simulated 2 ms batch)", r["detail"]["paired"].get("vs_inline"))
+    overlap = [_ratio(f"tokenized ahead vs inline ({r['system'].split(',')[0]})",
+                      r["detail"]["paired"].get("vs_inline"))
                for r in rows if r["case"] == "overlap" and r["detail"].get("paired")]
     parts = [*fill, *overlap,
         _ratio("HTTP c=32 vs limit b32 (texts/s)", _paired(rows, "zbatch-http", 32, "vs_limit")),

@@ -213,6 +213,8 @@ CASE_NOTES = """
   `python -m scripts.benchmarks.delay`, its model sleeping 2 ms a batch behind the real tokenizer: texts
   tokenized in the model's shadow by the encoder thread (as the worker runs text models), and tokenized by
   the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
+  Then the same pair on the real model: two real workers of one broker, one with the encoder thread and one
+  without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
 """
 
 RATIO_NOTE = (
