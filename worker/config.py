@@ -56,9 +56,10 @@ class WorkerConfig:
                                "split them and never run more threads together than the cores; 'auto': this "
                                "user's file in /dev/shm; 'off': a fixed thread count (--torch-threads)",
                                check=lambda value: None if value.strip() else "must be auto, off or a file")
-    tokenize_ahead: bool = option(True, "a second thread tokenizes waiting requests and prepares the next text "
-                                  "batch while the model runs (false: the inference thread does it before each "
-                                  "batch)")
+    tokenize_ahead: str = option("auto", "a second thread tokenizes waiting requests and prepares the next text "
+                                 "batch while the model runs; auto: for models on an accelerator, whose runs "
+                                 "leave the CPU free (on the CPU, torch already holds every core); false: the "
+                                 "inference thread does it before each batch", choices=("auto", "true", "false"))
     name: str = option("", "worker identity shown by the broker, and its routing id (default: host-pid; "
                        "with CURVE, the name of its key, which it must be)")
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)

@@ -79,11 +79,12 @@ class InferenceThread:
 
     ``torch_threads``: the most a batch may use (0: every core the ledger has, or without a ledger the
     host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting; ``tokenize_ahead``:
-    whether the encoder thread prepares text batches in the model's shadow (:mod:`worker.encoder`).
+    for which models the encoder thread prepares text batches in the model's shadow (:mod:`worker.encoder`):
+    ``true`` all, ``auto`` those off the CPU (on the CPU the model's run leaves no core idle), ``false`` none.
     """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
-                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: bool = True) -> None:
+                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: str = "auto") -> None:
         self.specs = specs
         self._tokenize_ahead = tokenize_ahead
         self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
@@ -148,9 +149,10 @@ class InferenceThread:
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
-        if self._tokenize_ahead:
-            self._encoder = Encoder(runners)
-            self._encoder.start()
+        ahead = {name: runner for name, runner in runners.items()
+                 if self._tokenize_ahead == "true" or (self._tokenize_ahead == "auto" and runner.device != "cpu")}
+        self._encoder = Encoder(ahead)
+        self._encoder.start()
         self._loop.call_soon_threadsafe(self._set_loaded, None)
         governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
         while (job := self._batches.get()) is not None:

@@ -122,9 +122,13 @@ def start_simulated_worker(daemons: Daemons, broker: Daemon, batch_ms: float, it
     """The real worker serving model ``simulated`` with a :class:`SleepRunner`, or with a tokenizer in front
     (``tokenize``: see RUNNERS); ``settings`` as its flags.
 
+    Its runner says it runs on the CPU but leaves it idle, as an accelerator would, so the worker is told
+    to tokenize ahead as it does for models on an accelerator (``--tokenize-ahead auto``).
+
     Returns its metrics URL.
     """
     port = free_port()
+    settings = {"tokenize_ahead": "true"} | settings
     daemons.add(start_worker(broker, daemons.log_dir, "w0", env={COST_ENV: f"{batch_ms},{item_ms}"}, workers=1,
                              torch_threads=1, task=f"python:scripts.benchmarks.delay:{RUNNERS[tokenize]}",
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=port, **settings))

@@ -1,8 +1,9 @@
-"""``--tokenize-ahead false``: the inference thread tokenizes each text batch itself, with the same answers.
+"""``--tokenize-ahead``: with or without the encoder thread, a text model gives the same answers.
 
 Two real workers of one broker serve the bundled model under two names, one with the encoder thread
-(the default) and one without; a burst of concurrent requests (so batches queue behind a running one,
-which is when the encoder thread works) gets the same vectors from both.
+(``true``; ``auto``, the default, uses it only off the CPU) and one without (``false``); a burst of
+concurrent requests (so batches queue behind a running one, which is when the encoder thread works)
+gets the same vectors from both.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ async def vectors(frontend: str, model: str) -> np.ndarray:
 def test_tokenizing_inline_gives_the_same_vectors_as_ahead(tmp_path: Path) -> None:
     with testing.Daemons(tmp_path) as daemons:
         broker = daemons.add(testing.start_broker(tmp_path))
-        daemons.add(testing.start_worker(broker, tmp_path, "ahead", model_name="ahead", workers=1))
+        daemons.add(testing.start_worker(broker, tmp_path, "ahead", model_name="ahead", workers=1,
+                                         tokenize_ahead="true"))
         inline = daemons.add(testing.start_worker(broker, tmp_path, "inline", model_name="inline",
                                                   tokenize_ahead="false", workers=1))
         ahead_vectors = asyncio.run(vectors(broker.frontend, "ahead"))
