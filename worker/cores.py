@@ -284,16 +284,26 @@ class _FileLock:
 
 def holders(path: str) -> dict[int, int]:
     """Cores held now in the ledger at ``path``, by worker pid (live workers holding some only)."""
+    return {pid: held for pid, held, _ in _live_slots(path) if held}
+
+
+def waiters(path: str) -> set[int]:
+    """The pids of the live workers in the ledger at ``path`` that wait for cores now."""
+    return {pid for pid, _, waiting_since in _live_slots(path) if waiting_since}
+
+
+def _live_slots(path: str) -> list[tuple[int, int, float]]:
+    """Each live worker's pid, cores held and waiting-since (0: not waiting) in the ledger at ``path``."""
     fd = os.open(path, os.O_RDWR)
     try:
         with _FileLock(fd), mmap.mmap(fd, SIZE) as view:
             _, _, claimed, _ = HEADER.unpack_from(view, 0)
-            found = {}
+            found = []
             for index in range(claimed):
                 offset = HEADER_BYTES + index * SLOT_BYTES
-                pid, held, _, _, _, _ = SLOT.unpack_from(view, offset)
-                if pid and held and not _lock_range(fd, fcntl.F_WRLCK, offset, SLOT_BYTES):
-                    found[pid] = held
+                pid, held, _, waiting_since, _, _ = SLOT.unpack_from(view, offset)
+                if pid and not _lock_range(fd, fcntl.F_WRLCK, offset, SLOT_BYTES):
+                    found.append((pid, held, waiting_since))
             return found
     finally:
         os.close(fd)  # drops any lock taken above on a dead worker's slot

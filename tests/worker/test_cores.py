@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from worker.cores import SHARE_HOLD_S, STALE_WAIT_S, CoreLedger, Other, grant, holders
+from worker.cores import SHARE_HOLD_S, STALE_WAIT_S, CoreLedger, Other, grant, holders, waiters
+from zbatch.testing import wait_until
 
 FAR = float("-inf")
 
@@ -72,7 +73,7 @@ def test_the_file_splits_the_cores_between_ledgers(ledger_path: str) -> None:
         got: list[int] = []
         waiting = threading.Thread(target=lambda: got.append(second.acquire(2)))
         waiting.start()
-        time.sleep(0.05)
+        wait_until(lambda: waiters(ledger_path), 5, "the second ledger to wait for cores")
         assert got == []  # both cores are held: it waits
         first.release()
         waiting.join(5)

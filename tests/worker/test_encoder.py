@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -25,6 +24,7 @@ from worker.engine import run_isolated
 from worker.requests import parameters_key
 from worker.runners import InputError, ModelSpec, load_runner
 from worker.runners.text import TextRunner
+from zbatch.testing import wait_until
 
 TEXTS = ["hello world", "the cat is happy", "", "red " * 300, "a dog and a cat in the night", "big"]
 PAIRS = [["is the cat happy", "the cat is happy"], ["red", "blue green red " * 50], ["a", ""]]
@@ -86,10 +86,7 @@ def batch_of(*requests: PendingRequest) -> Batch:
 
 
 def wait_for(condition: Any) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, "the encoder thread did not get to it"
-        time.sleep(0.01)
+    wait_until(condition, 30, "the encoder thread to get to it")
 
 
 def run_job(runner: TextRunner, encoder: Encoder, job: BatchJob) -> list[Any]:
