@@ -57,7 +57,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +77,20 @@ SIZE = HEADER_BYTES + SLOTS * SLOT_BYTES
 def host_cores() -> int:
     """The cores this process may run on (its affinity, as a container's cpuset limits it)."""
     return len(os.sched_getaffinity(0))
+
+
+# GNU OpenMP's busy-wait after a parallel region, in spins (about 0.1 ms here; libgomp's own default is 300,000):
+# long enough to span the gaps inside one forward pass, short enough that a worker done with its batch leaves
+# the cores to the next one.  Intel's OpenMP counts it in milliseconds (KMP_BLOCKTIME, 200 by default).
+OPENMP_IDLE_SPIN = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}
+
+
+def openmp_idle_spin(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a worker on the ledger adds to its environment before torch loads OpenMP: a short spin, where
+    the user set none (an ``OMP_WAIT_POLICY`` of their own also decides the spin, so it wins too)."""
+    if "OMP_WAIT_POLICY" in environ:
+        return {}
+    return {name: value for name, value in OPENMP_IDLE_SPIN.items() if name not in environ}
 
 
 def default_path() -> str:

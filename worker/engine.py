@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.assembler import Batch, Counted, ItemFailure, PendingRequest
-from worker.cores import CoreLedger, host_cores, open_ledger
+from worker.cores import CoreLedger, host_cores, open_ledger, openmp_idle_spin
 from worker.encoder import BatchJob, Encoder
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
 from worker.runners.base import Operation
@@ -91,10 +91,11 @@ class InferenceThread:
         self._threads_cap = torch_threads
         self._ledger_setting = cores_ledger
         if cores_ledger != "off":
-            # Between batches, OpenMP's threads spin on their cores by default: a worker that just ran a batch
-            # would burn the cores the ledger hands to the next busy worker.  Passive threads sleep instead.
-            # Read once, when torch loads its OpenMP runtime: set before the first ``import torch``.
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            # Between batches, OpenMP's threads spin on their cores (3 ms by default): a worker that just ran
+            # a batch would burn the cores the ledger hands to the next busy worker; threads that never spin
+            # sleep and wake hundreds of times per forward pass.  Read once, when torch loads its OpenMP
+            # runtime: set before the first ``import torch``.
+            os.environ.update(openmp_idle_spin(os.environ))
         self.ledger: CoreLedger | None = None
         self.device = ""
         self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
