@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from scripts.benchmarks import cases_peers
 from scripts.benchmarks.report import number, sorted_rows
 
 
@@ -65,13 +66,14 @@ def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
 
 def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
     """zbatch and each peer by concurrency (req/s, p50), zbatch over the best peer, then each peer's install."""
-    zbatch = [r for r in peer_rows if r["system"] == "zbatch gateway"]
-    notes = zbatch[0]["detail"].get("peers", {}) if zbatch else {}
+    zbatch = [r for r in peer_rows if r["system"] in cases_peers.ZBATCH_ROWS and "peers" in r["detail"]]
+    notes = zbatch[0]["detail"]["peers"] if zbatch else {}
     systems = list(dict.fromkeys(r["system"] for r in peer_rows))
     levels = list(dict.fromkeys(r["concurrency"] for r in peer_rows))
     rounds = max(len(r["detail"].get("rounds") or []) for r in peer_rows)
-    intro = ("zbatch over HTTP (the zbatch-http stack: broker, one worker with 2 torch threads, gateway, each at "
-             "its defaults otherwise, as `scripts/serve` starts them) next to other serving frameworks, each in its "
+    intro = ("zbatch over HTTP as `scripts/serve` ships it (broker, two workers sharing the cores through the "
+             "ledger, gateway, each at its defaults) and with one worker on 2 torch threads (the zbatch-http stack), "
+             "next to other serving frameworks, each in its "
              "own venv, serving the same model folder the same way: at most 32 items "
              "a batch, about 5 ms batching wait, 2 torch threads, truncation at 256 tokens, mean pooling, L2 norm. "
              "Before it was measured, each embedded five texts sent at once (one over 256 tokens) and had to give "
@@ -85,11 +87,13 @@ def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
         cells = [f"{number(r['req_s'])} · {number(r['p50_ms'])} ms" if (r := cell.get((system, c))) else "–"
                  for c in levels]
         out.append(f"| {system} | " + " | ".join(cells) + " |")
-    ratios = []
-    for c in levels:
-        paired = cell[("zbatch gateway", c)]["detail"].get("paired", {}) if ("zbatch gateway", c) in cell else {}
-        ratios.append(f"{paired['vs_best_peer']:.2f}× ({paired['best_peer']})" if "vs_best_peer" in paired else "–")
-    out.append("| **zbatch ÷ best peer** (texts/s, paired in rounds) | " + " | ".join(ratios) + " |")
+    for system in (name for name in cases_peers.ZBATCH_ROWS if name in systems):
+        ratios = []
+        for c in levels:
+            paired = cell[(system, c)]["detail"].get("paired", {}) if (system, c) in cell else {}
+            ratios.append(f"{paired['vs_best_peer']:.2f}× ({paired['best_peer']})" if "vs_best_peer" in paired
+                          else "–")
+        out.append(f"| **{system} ÷ best peer** (texts/s, paired in rounds) | " + " | ".join(ratios) + " |")
     installed = notes.get("peers", {})
     if installed:
         out += ["", "| peer | served as (`scripts/benchmarks/peers/`) | lowest cosine to zbatch | venv install | "
