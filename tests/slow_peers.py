@@ -300,6 +300,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime: fields 14 and 15 of stat(5)
 
 
+def minor_faults(pid: int) -> int:
+    """How many pages process ``pid`` has faulted in without reading from disk (minflt, field 10 of stat(5))."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 def open_files(pid: int) -> int:
     """How many file descriptors process ``pid`` holds."""
     return len(os.listdir(f"/proc/{pid}/fd"))

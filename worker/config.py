@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.memory import FREED_MEMORY
 from worker.requests import InputLimits
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
@@ -56,6 +57,11 @@ class WorkerConfig:
                                "split them and never run more threads together than the cores; 'auto': this "
                                "user's file in /dev/shm; 'off': a fixed thread count (--torch-threads)",
                                check=lambda value: None if value.strip() else "must be auto, off or a file")
+    freed_memory: str = option("keep", "keep: memory a batch frees stays in the worker for the next batch "
+                               "(glibc: one arena, no mmap'd blocks, no trimming), so activations do not fault "
+                               "back in page by page; resident memory stays at the largest batch's peak; return: "
+                               "glibc's defaults. MALLOC_* or GLIBC_TUNABLES malloc settings in the environment win",
+                               choices=FREED_MEMORY)
     tokenize_ahead: str = option("auto", "a second thread tokenizes waiting requests and prepares the next text "
                                  "batch while the model runs; auto: for models on an accelerator, whose runs "
                                  "leave the CPU free (on the CPU, torch already holds every core); false: the "

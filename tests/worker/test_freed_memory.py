@@ -1,0 +1,50 @@
+"""A worker keeps the memory one batch frees for the next, instead of faulting it back in page by page.
+
+Real workers with the default model run the same batch of 32 long texts over and over; the kernel's count of
+the worker's minor page faults shows whether each batch's activations came back from the system again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.daemons import Daemons, start_broker, start_worker
+from tests.slow_peers import minor_faults
+from worker.memory import users_own_choice
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch import Client
+
+# 32 texts that truncate at 256 tokens: one batch's attention maps take about 100 MiB, beyond glibc's largest
+# mmap threshold (32 MiB), so glibc's defaults map and unmap them on every batch.
+LONG_TEXTS = [" ".join(f"word{i}x{j}" for j in range(300)) for i in range(32)]
+REPEATS = 3
+
+
+def faults_per_batch(log_dir: Path, freed_memory: str) -> float:
+    """The worker's minor faults per batch once warm, with ``--freed-memory freed_memory``."""
+    (log_dir / freed_memory).mkdir()
+    with Daemons(log_dir / freed_memory) as daemons:
+        broker = daemons.add(start_broker(daemons.log_dir))
+        worker = daemons.add(start_worker(broker, daemons.log_dir, "w", workers=1, freed_memory=freed_memory))
+        with Client(broker.frontend) as client:
+            client.infer(DEFAULT_MODEL_NAME, LONG_TEXTS)  # warm: the first batch of this size faults in either way
+            before = minor_faults(worker.process.pid)
+            for _ in range(REPEATS):
+                assert len(client.infer(DEFAULT_MODEL_NAME, LONG_TEXTS)) == len(LONG_TEXTS)
+            return (minor_faults(worker.process.pid) - before) / REPEATS
+
+
+def test_a_batch_reuses_the_memory_the_last_one_freed(log_dir: Path) -> None:
+    returned = faults_per_batch(log_dir, "return")
+    kept = faults_per_batch(log_dir, "keep")
+    assert returned > 10_000, f"glibc's defaults faulted only {returned:.0f} pages a batch: the batch is too small"
+    assert kept < returned / 10, f"kept: {kept:.0f} faults a batch, against {returned:.0f} with glibc's defaults"
+
+
+def test_the_users_own_malloc_settings_win() -> None:
+    assert users_own_choice({}) == ""
+    assert users_own_choice({"MALLOC_ARENA_MAX": "2"}) == "MALLOC_ARENA_MAX"
+    assert users_own_choice({"OMP_NUM_THREADS": "2", "LD_PRELOAD": "libfoo.so"}) == ""
+    assert users_own_choice({"MALLOC_TRIM_THRESHOLD_": "0"}) == "MALLOC_TRIM_THRESHOLD_"
+    assert users_own_choice({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=8"}) == "GLIBC_TUNABLES"
+    assert users_own_choice({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == "LD_PRELOAD"
