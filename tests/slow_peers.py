@@ -294,15 +294,20 @@ def rss_bytes(pid: int) -> int:
     raise ValueError(f"no VmRSS for process {pid}")
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: index i is field i + 3 of stat(5)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
     """The CPU time process ``pid`` has used, user and system."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime: fields 14 and 15 of stat(5)
 
 
 def minor_faults(pid: int) -> int:
     """How many pages process ``pid`` has faulted in without reading from disk (minflt, field 10 of stat(5))."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    return int(_stat_fields(pid)[7])
 
 
 def open_files(pid: int) -> int:
