@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
-from worker import memory
 from worker.config import load_config
 from worker.server import WorkerServer
 from zbatch.runtime import daemon, eventloop
@@ -16,7 +14,6 @@ from zbatch.runtime.logs import setup_logging
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(argv)
     setup_logging("zbatch-worker", config.log_level, config.log_format)
-    memory.apply(config.freed_memory, os.environ)  # before the model's first allocation
     try:
         eventloop.run(daemon.serve(WorkerServer(config)))
     except (ValueError, FileNotFoundError, OSError) as exc:

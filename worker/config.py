@@ -7,10 +7,10 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.memory import FREED_MEMORY
 from worker.requests import InputLimits
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
+from zbatch.runtime.memory import FREED_MEMORY
 from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -59,8 +59,9 @@ class WorkerConfig:
                                check=lambda value: None if value.strip() else "must be auto, off or a file")
     freed_memory: str = option("keep", "keep: memory a batch frees stays in the worker for the next batch "
                                "(glibc: one arena, no mmap'd blocks, no trimming), so activations do not fault "
-                               "back in page by page; resident memory stays at the largest batch's peak; return: "
-                               "glibc's defaults. MALLOC_* or GLIBC_TUNABLES malloc settings in the environment win",
+                               "back in page by page; resident memory stays at the largest batch's peak; return: as "
+                               "the broker and gateway, blocks over 256 KiB go back to the system when freed. "
+                               "MALLOC_* or GLIBC_TUNABLES malloc settings in the environment win",
                                choices=FREED_MEMORY)
     tokenize_ahead: str = option("auto", "a second thread tokenizes waiting requests and prepares the next text "
                                  "batch while the model runs; auto: for models on an accelerator, whose runs "

@@ -71,6 +71,7 @@ class WorkerServer(daemon.Service):
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        self.freed_memory = config.freed_memory
         self.slots = model_slots(config)
         self.logs = LogLimiter(log, time.monotonic)
         self._context = zmq.asyncio.Context()

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from tests.daemons import Daemons, start_broker, start_worker
 from tests.slow_peers import minor_faults
-from worker.memory import users_own_choice
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch import Client
+from zbatch.runtime.memory import users_own_choice
 
 # 32 texts that truncate at 256 tokens: one batch's attention maps take about 100 MiB, beyond glibc's largest
-# mmap threshold (32 MiB), so glibc's defaults map and unmap them on every batch.
+# mmap threshold (32 MiB), so with --freed-memory return glibc maps and unmaps them on every batch.
 LONG_TEXTS = [" ".join(f"word{i}x{j}" for j in range(300)) for i in range(32)]
 REPEATS = 3
 
@@ -37,8 +37,8 @@ def faults_per_batch(log_dir: Path, freed_memory: str) -> float:
 def test_a_batch_reuses_the_memory_the_last_one_freed(log_dir: Path) -> None:
     returned = faults_per_batch(log_dir, "return")
     kept = faults_per_batch(log_dir, "keep")
-    assert returned > 10_000, f"glibc's defaults faulted only {returned:.0f} pages a batch: the batch is too small"
-    assert kept < returned / 10, f"kept: {kept:.0f} faults a batch, against {returned:.0f} with glibc's defaults"
+    assert returned > 10_000, f"return faulted only {returned:.0f} pages a batch: the batch is too small"
+    assert kept < returned / 10, f"kept: {kept:.0f} faults a batch, against {returned:.0f} with return"
 
 
 def test_the_users_own_malloc_settings_win() -> None:

@@ -84,6 +84,9 @@ class Service(abc.ABC):
 
     name: ClassVar[str]  # "zbatch-broker": log lines say which daemon
     log: ClassVar[logging.Logger]  # the daemon's own logger: the lifecycle's lines appear under it
+    # What malloc does with freed memory (zbatch.runtime.memory), set before start: "return" follows what
+    # is held; a worker "keep"s its activations for the next batch.
+    freed_memory: str = "return"
 
     @abc.abstractmethod
     async def start(self) -> Essentials:
@@ -172,7 +175,7 @@ class _Lifecycle:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
-        memory.return_large_allocations()  # a burst of big messages must not stay in the resident size
+        memory.apply(self.service.freed_memory, os.environ, self.log)  # before start allocates anything big
         try:
             await self._start()
             await self._serve()
