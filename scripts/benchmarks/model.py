@@ -2,10 +2,11 @@
 
 The limit and the Hugging Face guide's servers call the same runner the
 worker uses, so the numbers compare serving, not two implementations of
-mean pooling.  Without ``grouped`` the runner never splits a batch by length
+mean pooling.  Without ``grouped`` the runner neither packs a batch nor
+splits it by length
 (:meth:`~worker.runners.embeddings.EmbeddingRunner.set_length_grouping`):
 one padded forward pass per batch, as the guide's code and a plain offline
-loop run it; padding-aware grouping is zbatch's own.  ``dtype`` is the
+loop run it; not paying for padding is zbatch's own.  ``dtype`` is the
 worker's ``--dtype``: the bfloat16 case compares like with like.
 """
 

@@ -165,7 +165,8 @@ CASE_NOTES = """
 ## Cases
 
 * **limit**: the model called directly in one process, 2 torch threads, texts in seeded random order;
-  one padded forward pass per batch (the offline rate), and once more grouped by length as zbatch does.
+  one padded forward pass per batch (the offline rate), and once more as zbatch runs a batch (the rows "grouped by
+  length": for this BERT on a CPU, one packed pass with no padding, `worker/runners/packing.py`).
 * **zbatch-http / zbatch-zmq**: broker + one worker (2 torch threads) + gateway as real processes;
   closed loop, one text per request, over HTTP (aiohttp client) or the project's AsyncClient.
 * **zbatch-serve**: zbatch as `scripts/serve` ships it: broker + its default 2 workers, which share the

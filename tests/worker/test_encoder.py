@@ -193,19 +193,36 @@ def test_the_profile_hook_sees_torch_calls() -> None:
 
 
 def test_encodings_pad_like_the_tokenizer(embedder: TextRunner, reranker: TextRunner, tmp_path: Path) -> None:
-    """The planned arrays are exactly what the tokenizer pads, on either padding side."""
-    for runner, inputs in ((embedder, TEXTS), (reranker, PAIRS)):
-        tokenizer = runner._tokenizer
-        for side in ("right", "left"):
-            tokenizer.padding_side = side
-            try:
-                plan = runner.plan(runner.encode(inputs, {}), {})
-                texts = [tuple(each) if isinstance(each, list) else each for each in inputs]
-                for group, arrays in plan.groups:
-                    want = tokenizer([texts[i] for i in group], padding=True, truncation=True,
-                                     max_length=runner.max_length, return_tensors="np")
-                    assert sorted(arrays) == sorted(want.keys())
-                    for key, array in arrays.items():
-                        assert np.array_equal(array, want[key]), (side, key)
-            finally:
-                tokenizer.padding_side = "right"
+    """The planned padded arrays are exactly what the tokenizer pads, on either padding side."""
+    embedder.set_length_grouping(False)  # on, the embedder packs instead (next test)
+    try:
+        for runner, inputs in ((embedder, TEXTS), (reranker, PAIRS)):
+            tokenizer = runner._tokenizer
+            for side in ("right", "left"):
+                tokenizer.padding_side = side
+                try:
+                    plan = runner.plan(runner.encode(inputs, {}), {})
+                    assert not plan.packed
+                    texts = [tuple(each) if isinstance(each, list) else each for each in inputs]
+                    for group, arrays in plan.groups:
+                        want = tokenizer([texts[i] for i in group], padding=True, truncation=True,
+                                         max_length=runner.max_length, return_tensors="np")
+                        assert sorted(arrays) == sorted(want.keys())
+                        for key, array in arrays.items():
+                            assert np.array_equal(array, want[key]), (side, key)
+                finally:
+                    tokenizer.padding_side = "right"
+    finally:
+        embedder.set_length_grouping(True)
+
+
+def test_packed_encodings_are_the_tokenizer_rows_end_to_end(embedder: TextRunner) -> None:
+    """A packed plan holds each input's unpadded tokenizer rows, concatenated in batch order, and their lengths."""
+    plan = embedder.plan(embedder.encode(TEXTS, {}), {})
+    assert plan.packed
+    ((group, arrays),) = plan.groups
+    want = embedder._tokenizer([TEXTS[i] for i in group], truncation=True, max_length=embedder.max_length)
+    assert sorted(arrays) == sorted([*(key for key in want if key != "attention_mask"), "lengths"])
+    assert arrays["lengths"].tolist() == [len(row) for row in want["input_ids"]]
+    for key in arrays.keys() - {"lengths"}:
+        assert arrays[key].tolist() == [token for row in want[key] for token in row], key

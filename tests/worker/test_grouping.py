@@ -67,3 +67,10 @@ def test_no_time_is_modelled_without_a_calibration() -> None:
 
 def test_calibration_never_splits_when_tokens_cost_nothing() -> None:
     assert calibrate(lambda rows, tokens: 0.005) == NEVER_SPLIT
+
+
+def test_a_packed_pass_is_modelled_as_one_fixed_cost_and_its_real_tokens() -> None:
+    model = CostModel(20.0, 0.001)
+    assert model.packed_seconds([10, 12, 40]) == pytest.approx(0.001 * (20 + 62))
+    assert model.packed_seconds([10, 12, 40]) < model.seconds([[0, 1, 2]], [10, 12, 40]), "no padding is paid"
+    assert CostModel(20.0).packed_seconds([5]) == NEVER_SPLIT.packed_seconds([5]) == 0.0

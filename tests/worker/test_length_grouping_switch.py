@@ -20,8 +20,9 @@ def runner() -> embeddings.EmbeddingRunner:
     return loaded
 
 
-def test_off_runs_one_pass_and_on_again_uses_the_calibrated_plan(
+def test_off_runs_one_padded_pass_and_on_again_packs(
         runner: embeddings.EmbeddingRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the default model packs (worker.runners.packing); off, it runs as plain serving code does."""
     plans: list[tuple[CostModel, int]] = []
 
     def spy(lengths: Sequence[int], model: CostModel) -> list[list[int]]:
@@ -30,18 +31,19 @@ def test_off_runs_one_pass_and_on_again_uses_the_calibrated_plan(
         return groups
 
     monkeypatch.setattr("worker.runners.text.plan_groups", spy)
-    grouped = runner.run(TEXTS, {})
+    packed = runner.run(TEXTS, {})
+    assert runner.plan(runner.encode(TEXTS, {}), {}).packed
     runner.set_length_grouping(False)
     try:
+        assert not runner.plan(runner.encode(TEXTS, {}), {}).packed
         one_pass = runner.run(TEXTS, {})
         one_pass_seconds = runner.modelled_seconds
     finally:
         runner.set_length_grouping(True)
     again = runner.run(TEXTS, {})
-    assert plans[1][1] == 1, "off: one padded pass"
-    assert plans[0][0] == plans[2][0] == runner.cost_model, "on: the plan of the calibrated cost model"
+    assert [count for _, count in plans] == [1, 1], "off: one padded pass; on: no length groups to plan"
     if runner.cost_model.seconds_per_token:
         assert one_pass_seconds > 0, "off, the thread governor still gets the pass's modelled time"
-    for want, got, back in zip(grouped, one_pass, again, strict=True):
+    for want, got, back in zip(packed, one_pass, again, strict=True):
         assert np.abs(want - got).max() < 1e-5
         assert np.abs(want - back).max() < 1e-5

@@ -5,7 +5,7 @@
 * :mod:`~worker.runners.base`: the :class:`Runner` protocol and :func:`load_runner`;
 * :mod:`~worker.runners.text`: what the text runners share: truncation, token
   counts, the ``tokenize`` operation, batches run in length groups
-  (:mod:`~worker.runners.grouping`);
+  (:mod:`~worker.runners.grouping`) or packed (:mod:`~worker.runners.packing`);
 * :mod:`~worker.runners.embeddings`: sentence embeddings;
 * :mod:`~worker.runners.classify`: cross-encoders (``rerank``) and text classifiers;
 * :mod:`~worker.runners.images`: image classification and object detection;

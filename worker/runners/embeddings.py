@@ -1,10 +1,12 @@
 """Sentence embeddings, computed exactly like sentence-transformers, with padding-aware grouping.
 
 Runs on the worker's inference thread as a :class:`~worker.runners.text.TextRunner`:
-each batch is tokenised once to learn the input lengths, and
-:mod:`worker.runners.grouping` decides whether running it as a few
-length-sorted groups costs less than one padded pass (it does on a CPU,
-rarely on a GPU).  Outputs come back in input order either way.
+each batch is tokenised once to learn the input lengths.  A BERT encoder on a
+CPU then runs the batch as one packed pass with no padding
+(:mod:`worker.runners.packing`); any other model runs length-sorted groups
+where :mod:`worker.runners.grouping` finds them cheaper than one padded pass
+(it does on a CPU, rarely on a GPU).  Outputs come back in input order
+either way.
 
 Parameters: ``normalize`` (default true: unit length), ``dimensions`` (keep
 the first N numbers, re-normalised when ``normalize``: what
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worker.runners.packing import packer_for
 from worker.runners.spec import InputError, ModelSpec
 from worker.runners.text import TextRunner, flag, model_max_length
 
@@ -45,6 +48,7 @@ class EmbeddingRunner(TextRunner):
         tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
         model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
         super().__init__(spec, device, tokenizer, model, _max_length(spec.path, tokenizer, model.config))
+        self._packer = packer_for(model, device)
         self.dimensions = int(model.config.hidden_size)
         self.details = replace(self.details, dimensions=self.dimensions)
 
@@ -64,11 +68,29 @@ class EmbeddingRunner(TextRunner):
             hidden = self._model(**encoded).last_hidden_state.float()  # pool in float32 even for half models
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            if options.dimensions is not None:
-                embeddings = embeddings[:, :options.dimensions]
-            if options.normalize:
-                embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
-        return list(embeddings.cpu().numpy())
+            return _finished(embeddings, options)
+
+    def _forward_packed(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:
+        """One 1-D float32 vector per input of a packed group: the mean of its own tokens."""
+        import torch
+
+        assert self._packer is not None
+        lengths = encoded["lengths"].tolist()
+        with torch.inference_mode():
+            hidden = self._packer(encoded["input_ids"], encoded.get("token_type_ids"), lengths).float()
+            embeddings = torch.stack([tokens.mean(dim=0) for tokens in torch.split(hidden, lengths)])
+            return _finished(embeddings, options)
+
+
+def _finished(embeddings: torch.Tensor, options: EmbeddingOptions) -> list[np.ndarray]:
+    """Pooled embeddings cut to ``dimensions`` and normalised as asked, one numpy vector per row."""
+    import torch
+
+    if options.dimensions is not None:
+        embeddings = embeddings[:, :options.dimensions]
+    if options.normalize:
+        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+    return list(embeddings.cpu().numpy())
 
 
 def _max_length(path: str, tokenizer: Any, config: Any) -> int:

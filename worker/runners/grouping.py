@@ -49,6 +49,13 @@ class CostModel:
         return self.seconds_per_token * sum(self.cost(len(group), max(lengths[i] for i in group))
                                             for group in groups if group)
 
+    def packed_seconds(self, lengths: Sequence[int]) -> float:
+        """Modelled time of one packed pass over inputs of ``lengths`` (:mod:`worker.runners.packing`):
+        no padding, one fixed cost; 0 if unknown."""
+        if not self.seconds_per_token or self.overhead_tokens == float("inf"):
+            return 0.0
+        return self.seconds_per_token * (self.overhead_tokens + sum(lengths))
+
 
 NEVER_SPLIT = CostModel(float("inf"))
 

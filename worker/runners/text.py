@@ -17,7 +17,9 @@ steps that the worker can run on different threads (:mod:`worker.engine`):
    a batch gathers its requests' encodings.
 2. :meth:`~TextRunner.plan`: :mod:`worker.runners.grouping` plans the length
    groups from the encodings' lengths, and each group is padded into arrays
-   (numpy, no torch).  Each encoding's length is the input's tokens as run,
+   (numpy, no torch).  A runner with a packer (:mod:`worker.runners.packing`:
+   a BERT encoder on a CPU) plans one group instead, its inputs concatenated
+   with no padding at all.  Each encoding's length is the input's tokens as run,
    after truncation with special tokens, so counting costs nothing: results
    are :class:`~worker.runners.spec.Outputs` carrying those counts.
 3. :meth:`~TextRunner.run_planned`: each group's arrays become tensors on
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.packing import PackedBert
 from worker.runners.spec import (
     InputError,
     InputKind,
@@ -82,13 +85,15 @@ class Encoding:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """A batch ready for the model: its length groups padded into arrays, refused inputs' errors in place."""
+    """A batch ready for the model: its length groups padded into arrays (or one group packed), refused
+    inputs' errors in place."""
 
     groups: list[tuple[list[int], dict[str, np.ndarray]]]  # (indices into the batch, the group's arrays)
     outputs: list[Any]  # an InputError where an input was refused, None where the model will answer
     tokens: list[int]
     options: Any
     modelled_seconds: float  # the groups' modelled time on the full thread count (0: not known)
+    packed: bool = False  # one group, its rows concatenated into 1-D arrays (no attention mask)
 
 
 def check_parameters(parameters: dict[str, Any], accepted: frozenset[str], task: str) -> None:
@@ -188,9 +193,10 @@ class TextRunner:
         self._tokenizer_lock = threading.Lock()  # a tokenizer's settings are shared state: one call at a time
         self._model = model
         self._length_grouping = True
+        self._packer: PackedBert | None = None  # set by a subclass that can run packed groups
 
     def set_length_grouping(self, enabled: bool) -> None:
-        """Group batches by length (the default), or run every batch as one padded pass.
+        """Trim padding (the default: length groups, or one packed pass), or run every batch as one padded pass.
 
         Off, the model runs as plain serving code runs it, which is what a
         comparison with such code needs.  The outputs agree either way, to
@@ -241,6 +247,10 @@ class TextRunner:
         outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
         tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
         runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
+        chosen: list[Encoding] = [encodings[i] for i in runnable]  # type: ignore[misc]
+        if self._packer is not None and self._length_grouping and runnable:
+            modelled = self.cost_model.packed_seconds([each.length for each in chosen]) if len(chosen) > 1 else 0.0
+            return Planned([(runnable, _concatenated(chosen))], outputs, tokens, options, modelled, packed=True)
         groups, modelled = self._groups(runnable, tokens)
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
         return Planned(padded, outputs, tokens, options, modelled)
@@ -253,7 +263,9 @@ class TextRunner:
         outputs = list(planned.outputs)
         for group, arrays in planned.groups:
             encoded = {key: torch.from_numpy(array).to(self.device) for key, array in arrays.items()}
-            for index, output in zip(group, self._forward(encoded, planned.options), strict=True):
+            forward = self._forward_packed(encoded, planned.options) if planned.packed else self._forward(
+                encoded, planned.options)
+            for index, output in zip(group, forward, strict=True):
                 outputs[index] = output
         return Outputs(outputs, list(planned.tokens))
 
@@ -263,6 +275,10 @@ class TextRunner:
 
     def _forward(self, encoded: Any, options: Any) -> list[Any]:
         """One output per row of a padded, tokenized group."""
+        raise NotImplementedError
+
+    def _forward_packed(self, encoded: Any, options: Any) -> list[Any]:
+        """One output per input of a packed group (:func:`_concatenated`); for a subclass that sets a packer."""
         raise NotImplementedError
 
     def _groups(self, runnable: list[int], lengths: Sequence[int]) -> tuple[list[list[int]], float]:
@@ -305,8 +321,17 @@ class TextRunner:
                  "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device)}
         started = time.perf_counter()
         with torch.inference_mode():
-            self._model(**batch)[0].float().sum().item()  # .item() waits for a GPU to finish
+            if self._packer is not None and self._length_grouping:  # time the pass the batches will run
+                self._packer(batch["input_ids"].flatten(), None, [shape[1]] * shape[0]).sum().item()
+            else:
+                self._model(**batch)[0].float().sum().item()  # .item() waits for a GPU to finish
         return time.perf_counter() - started
+
+
+def _concatenated(encodings: list[Encoding]) -> dict[str, np.ndarray]:
+    """A packed group's arrays: each of the tokenizer's rows concatenated in order, and each input's length."""
+    arrays = {key: np.concatenate([each.rows[key] for each in encodings]) for key in encodings[0].rows}
+    return {**arrays, "lengths": np.asarray([each.length for each in encodings], dtype=np.int64)}
 
 
 def _texts(inputs: list[Any]) -> list[Any]:
