@@ -12,6 +12,7 @@ import torch
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
 from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, embeddings, load_runner
 from worker.runners.packing import PackedBert, packer_for
+from worker.runners.spec import InputError
 
 LENGTHS = [3, 17, 1, 9, 30]  # mixed, so a padded pass pads all but one
 
@@ -69,28 +70,92 @@ def test_inputs_do_not_see_each_other() -> None:
     assert not torch.allclose(together[10:], changed[10:])
 
 
-def test_only_a_bert_encoder_on_a_cpu_packs(tiny_bert: Any, tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+def test_only_a_bert_encoder_in_eval_mode_on_a_cpu_packs(tiny_bert: Any, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     assert packer_for(tiny_bert, "cpu") is not None
     assert packer_for(tiny_bert, "cuda") is None, "on a GPU padding is nearly free"
     assert packer_for(AutoModelForCausalLM.from_pretrained(make_tiny_gpt2(tmp_path)), "cpu") is None
+    classifier = AutoModelForSequenceClassification.from_pretrained(make_tiny_bert(tmp_path, "text-classification"))
+    assert packer_for(classifier.eval(), "cpu") is None, "a head on top is not what the packed pass returns"
     tiny_bert.config.is_decoder = True
     try:
         assert packer_for(tiny_bert, "cpu") is None, "a decoder's attention is causal"
     finally:
         tiny_bert.config.is_decoder = False
+    tiny_bert.train()
+    try:
+        assert packer_for(tiny_bert, "cpu") is None, "the packed pass has no dropout"
+    finally:
+        tiny_bert.eval()
 
 
-def test_the_embeddings_runner_packs_and_models_the_pass_without_padding() -> None:
-    runner = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
-    assert isinstance(runner, embeddings.EmbeddingRunner)
-    texts = ["hi", "a short sentence", "a much longer sentence that would pad every short one in its batch " * 3]
-    planned = runner.plan(runner.encode(texts, {}), {})
+@pytest.fixture(scope="module")
+def runner() -> embeddings.EmbeddingRunner:
+    loaded = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
+    assert isinstance(loaded, embeddings.EmbeddingRunner)
+    return loaded
+
+
+TEXTS = ["hi", "a short sentence", "a much longer sentence that would pad every short one in its batch " * 3]
+
+
+def padded(runner: embeddings.EmbeddingRunner, texts: list[str], parameters: dict[str, Any]) -> list[Any]:
+    runner.set_length_grouping(False)
+    try:
+        return runner.run(texts, parameters)
+    finally:
+        runner.set_length_grouping(True)
+
+
+def test_the_embeddings_runner_packs_and_models_the_pass_without_padding(
+        runner: embeddings.EmbeddingRunner) -> None:
+    planned = runner.plan(runner.encode(TEXTS, {}), {})
     assert planned.packed and len(planned.groups) == 1
     assert planned.groups[0][1]["lengths"].tolist() == planned.tokens
     if runner.cost_model.seconds_per_token:
         assert planned.modelled_seconds == pytest.approx(runner.cost_model.packed_seconds(planned.tokens))
-    alone = [runner.run([text], {})[0] for text in texts]
-    for want, got in zip(alone, runner.run_planned(planned), strict=True):
+    for want, got in zip(padded(runner, TEXTS, {}), runner.run_planned(planned), strict=True):
         assert np.abs(want - got).max() < 1e-5
+
+
+@pytest.mark.parametrize("parameters", [{"dimensions": 64}, {"normalize": False},
+                                        {"dimensions": 8, "normalize": False}])
+def test_packed_embeddings_honour_the_parameters(runner: embeddings.EmbeddingRunner,
+                                                  parameters: dict[str, Any]) -> None:
+    packed = runner.run(TEXTS, parameters)
+    for want, got in zip(padded(runner, TEXTS, parameters), packed, strict=True):
+        assert got.shape == want.shape == (parameters.get("dimensions", runner.dimensions),)
+        assert np.abs(want - got).max() < 1e-5
+
+
+def test_a_refused_input_keeps_its_place_in_a_packed_batch(runner: embeddings.EmbeddingRunner) -> None:
+    too_long = "word " * (runner.max_length + 10)
+    texts = [TEXTS[0], too_long, TEXTS[2]]
+    outputs = runner.run(texts, {"truncate": False})
+    assert isinstance(outputs[1], InputError)
+    for want, got in zip(padded(runner, [TEXTS[0], TEXTS[2]], {}), [outputs[0], outputs[2]], strict=True):
+        assert np.abs(want - got).max() < 1e-5
+
+
+def test_switching_modes_times_the_pass_that_will_run(runner: embeddings.EmbeddingRunner,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed and padded passes cost differently: switching recalibrates on the pass the batches will run."""
+    if not runner.cost_model.seconds_per_token:
+        pytest.skip("this device showed no cost per token at warm-up: nothing to recalibrate")
+    packer = runner._packer
+    assert packer is not None
+    packed_calls: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        packed_calls.append(1)
+        return packer(*args)
+
+    monkeypatch.setattr(runner, "_packer", counted)
+    runner.set_length_grouping(False)
+    try:
+        assert packed_calls == [], "off: the padded pass is timed"
+        assert runner.cost_model.seconds_per_token
+    finally:
+        runner.set_length_grouping(True)
+    assert packed_calls, "on again: the packed pass is timed"

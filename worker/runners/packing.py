@@ -18,6 +18,12 @@ tokens; it runs on each input's own slice of the row.  Positions restart at
 The result is the model's last hidden state for every real token, packed in
 the same order, equal to a padded pass to float rounding.  Only models this
 module knows are packed (:func:`packer_for`); any other model runs padded.
+
+A packed pass costs a fixed part and a part per token
+(:meth:`~worker.runners.grouping.CostModel.packed_seconds`).  Attention's
+share, one call per input and quadratic in its length, is left out of that
+model: at these lengths it is a small part of the pass, and the model only
+tells the thread governor what a batch should take.
 """
 
 from __future__ import annotations
@@ -60,8 +66,8 @@ class PackedBert:
         import torch
         from torch.nn.functional import scaled_dot_product_attention
 
-        tokens, width = hidden.shape
-        per_head = width // self._heads
+        tokens = hidden.shape[0]
+        per_head = int(attention.attention_head_size)
         query, key, value = (projection(hidden).view(tokens, self._heads, per_head).transpose(0, 1)
                              for projection in (attention.query, attention.key, attention.value))
         contexts = []
@@ -70,19 +76,20 @@ class PackedBert:
             span = slice(start, start + length)
             contexts.append(scaled_dot_product_attention(query[:, span], key[:, span], value[:, span]))
             start += length
-        return torch.cat(contexts, dim=1).transpose(0, 1).reshape(tokens, width)
+        return torch.cat(contexts, dim=1).transpose(0, 1).reshape(tokens, self._heads * per_head)
 
 
 def packer_for(model: Any, device: str) -> PackedBert | None:
     """A packed runner for ``model`` on ``device``, or None where padded passes are the right way.
 
-    Only a plain BERT encoder (``BertModel``: absolute positions, not a decoder) on the CPU.  On a GPU
-    padding is nearly free and one attention call per input would cost more than it saves.
+    Only a plain BERT encoder (``BertModel``: absolute positions, not a decoder) in eval mode (the packed
+    pass has no dropout) on the CPU.  On a GPU padding is nearly free and one attention call per input
+    would cost more than it saves.
     """
     from transformers import BertModel
 
     config = model.config
-    if device != "cpu" or type(model) is not BertModel or config.is_decoder:
+    if device != "cpu" or type(model) is not BertModel or config.is_decoder or model.training:
         return None
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         return None

@@ -200,9 +200,14 @@ class TextRunner:
 
         Off, the model runs as plain serving code runs it, which is what a
         comparison with such code needs.  The outputs agree either way, to
-        float rounding.
+        float rounding.  A runner that packs times its passes again (call it
+        on the thread that runs the model), as packed and padded passes cost
+        differently.
         """
+        changed = enabled != self._length_grouping
         self._length_grouping = enabled
+        if changed and self._packer is not None and self.cost_model.seconds_per_token:
+            self.cost_model = calibrate(self._seconds_for)
 
     def warm_up(self) -> None:
         """Run a tiny batch (lazy initialisation), then measure what padding costs on this device."""
