@@ -252,10 +252,11 @@ class TextRunner:
         outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
         tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
         runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
-        chosen: list[Encoding] = [encodings[i] for i in runnable]  # type: ignore[misc]
         if self._packer is not None and self._length_grouping and runnable:
-            modelled = self.cost_model.packed_seconds([each.length for each in chosen]) if len(chosen) > 1 else 0.0
-            return Planned([(runnable, _concatenated(chosen))], outputs, tokens, options, modelled, packed=True)
+            lengths = [tokens[i] for i in runnable]
+            modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
+            packed = _concatenated([encodings[i] for i in runnable])  # type: ignore[misc]
+            return Planned([(runnable, packed)], outputs, tokens, options, modelled, packed=True)
         groups, modelled = self._groups(runnable, tokens)
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
         return Planned(padded, outputs, tokens, options, modelled)
@@ -268,9 +269,8 @@ class TextRunner:
         outputs = list(planned.outputs)
         for group, arrays in planned.groups:
             encoded = {key: torch.from_numpy(array).to(self.device) for key, array in arrays.items()}
-            forward = self._forward_packed(encoded, planned.options) if planned.packed else self._forward(
-                encoded, planned.options)
-            for index, output in zip(group, forward, strict=True):
+            forward = self._forward_packed if planned.packed else self._forward
+            for index, output in zip(group, forward(encoded, planned.options), strict=True):
                 outputs[index] = output
         return Outputs(outputs, list(planned.tokens))
 
