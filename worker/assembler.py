@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,8 @@ class PendingRequest:
     next_item: int = 0
     done_items: int = 0
     finished: bool = False
-    encoded: Any = None  # the runner's encoding of each input, made off the I/O loop (worker.encoder)
+    # Each input encoded by the engine's pool while the request waits (worker.stages); set by the I/O shell.
+    prepared: Future[list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

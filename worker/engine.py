@@ -3,10 +3,11 @@
 It loads the model, warms it up and runs every batch, so torch is driven
 from one OS thread (torch's thread pools are per calling thread: a second
 thread calling torch pays for its own pool and contends with the first).
-The asyncio I/O loop hands it batches in order, at most one waiting behind
-the one that runs, and hears back through ``call_soon_threadsafe``; it never
-waits on torch.  The encoder thread (:mod:`worker.encoder`) tokenizes and
-plans text batches ahead of it, without torch.
+The asyncio I/O loop hands it batches in order (:class:`~worker.stages.BatchWork`),
+at most one waiting behind the one that runs, and hears back through
+``call_soon_threadsafe``; it never waits on torch.  The preparation pool
+(:mod:`worker.stages`) tokenizes and plans text batches ahead of it, without
+torch, so for a staged runner this thread only copies and launches.
 
 A batch that raises is split in halves and retried until the failing inputs
 are alone, so one bad input fails by itself and its neighbours succeed.  A
@@ -32,20 +33,32 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
-from worker.assembler import Batch, Counted, ItemFailure, PendingRequest
+from worker.assembler import Counted, ItemFailure
 from worker.cores import CoreLedger, host_cores, open_ledger, openmp_idle_spin
-from worker.encoder import BatchJob, Encoder
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
-from worker.runners.base import Operation
+from worker.runners.base import Operation, StagedRunner, staged
 from worker.runners.device import resolve_device
+from worker.runners.spec import RUN
+from worker.stages import BatchWork, PrepPool, Settled, settle
 from worker.threads import ThreadGovernor
 from zbatch.protocol.wire import Status
 
 log = logging.getLogger("zbatch.worker")
 Outcomes = list[Any]
-Done = Callable[[str, Batch, Outcomes, float], None]
+Done = Callable[[int, Outcomes, float], None]  # ticket, one outcome per item, the model's time
+
+
+def _planned_call(runner: StagedRunner[Any, Any], settled: Settled) -> Operation:
+    """A call for :func:`run_isolated`: the settled plan for the whole batch, a new plan for any part of it."""
+    def call(encodings: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        plan = settled.plan if encodings is settled.encodings else runner.plan(encodings, parameters)
+        return runner.run_planned(plan)
+
+    return call
 
 
 def run_isolated(call: Operation, inputs: list[Any], parameters: dict[str, Any]) -> Outcomes:
@@ -74,17 +87,25 @@ def run_isolated(call: Operation, inputs: list[Any], parameters: dict[str, Any])
     return run_isolated(call, inputs[:middle], parameters) + run_isolated(call, inputs[middle:], parameters)
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    work: BatchWork
+    planned: Future[Settled | None] | None  # planned on the pool while the batch before it ran
+
+
 class InferenceThread:
     """Loads every model in ``specs`` and runs batches in order, one at a time.
 
     ``torch_threads``: the most a batch may use (0: every core the ledger has, or without a ledger the
     host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting; ``tokenize_ahead``:
-    for which models the encoder thread prepares text batches in the model's shadow (:mod:`worker.encoder`):
-    ``true`` all, ``auto`` those off the CPU (on the CPU the model's run leaves no core idle), ``false`` none.
+    for which models the preparation pool tokenizes and plans text batches in the model's shadow
+    (:mod:`worker.stages`): ``true`` all, ``auto`` those off the CPU (on the CPU the model's run leaves no
+    core idle), ``false`` none; ``prep_threads``: the pool's threads (0: the host's cores over ``workers``).
     """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
-                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: str = "auto") -> None:
+                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: str = "auto",
+                 prep_threads: int = 0) -> None:
         self.specs = specs
         self._tokenize_ahead = tokenize_ahead
         self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
@@ -99,12 +120,14 @@ class InferenceThread:
         self.ledger: CoreLedger | None = None
         self.device = ""
         self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
+        self.prepared_ahead: frozenset[str] = frozenset()  # models whose batches the pool prepares, once loaded
+        self.pool = PrepPool(prep_threads or max(1, host_cores() // workers))
+        self._staged: dict[str, StagedRunner[Any, Any]] = {}  # the loaded models the pool prepares ahead
         self._governed_threads = torch_threads
         self._loop = loop
         self._done = done
-        self._batches: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._in_engine = 0  # batches submitted and not done yet (the I/O loop's count)
-        self._encoder = Encoder({})
         self._loaded: asyncio.Future[None] = loop.create_future()
         # Done when the thread ends, for whatever reason: the worker cannot serve without it.
         self.finished: asyncio.Future[None] = loop.create_future()
@@ -115,23 +138,23 @@ class InferenceThread:
         self._thread.start()
         await self._loaded
 
-    def submit(self, model: str, batch: Batch) -> None:
-        """I/O loop: run ``batch`` after those submitted before it; one that waits is planned meanwhile."""
-        job = BatchJob(model, batch)
-        if self._in_engine and self._encoder.serves(model, batch.operation):
-            self._encoder.plan_ahead(job)
+    def submit(self, work: BatchWork) -> None:
+        """I/O loop: run ``work`` after the batches submitted before it; one that waits is planned meanwhile."""
+        runner = self._staged.get(work.model) if work.operation == RUN else None
+        planned = self.pool.plan(runner, work) if runner is not None and self._in_engine else None
         self._in_engine += 1
-        self._batches.put(job)
+        self._batches.put(_Job(work, planned))
 
-    def encode_ahead(self, model: str, request: PendingRequest) -> None:
-        """I/O loop: ``request`` waits for a batch; tokenize it meanwhile if its model's runner can."""
-        if self._encoder.serves(model, request.operation):
-            self._encoder.encode_ahead(model, request)
+    def encode_ahead(self, model: str, inputs: list[Any], parameters: dict[str, Any],
+                     key: bytes) -> Future[list[Any]] | None:
+        """I/O loop: the future of a waiting request's encodings, if its model is prepared ahead."""
+        runner = self._staged.get(model)
+        return None if runner is None else self.pool.encode(runner, inputs, parameters, key)
 
     def stop(self, timeout_s: float) -> None:
         self._batches.put(None)
         self._thread.join(timeout_s)
-        self._encoder.stop(timeout_s)
+        self.pool.stop(timeout_s)
 
     def _main(self) -> None:
         error: BaseException | None = None
@@ -150,14 +173,17 @@ class InferenceThread:
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
-        ahead = {name: runner for name, runner in runners.items()
-                 if self._tokenize_ahead == "true" or (self._tokenize_ahead == "auto" and runner.device != "cpu")}
-        self._encoder = Encoder(ahead)
-        self._encoder.start()
+        for name, runner in runners.items():
+            ahead = self._tokenize_ahead == "true" or (self._tokenize_ahead == "auto" and runner.device != "cpu")
+            if ahead and (stages := staged(runner)) is not None:
+                self._staged[name] = stages
+        self.prepared_ahead = frozenset(self._staged)
+        if self._staged:
+            self.pool.start()
         self._loop.call_soon_threadsafe(self._set_loaded, None)
         governor = ThreadGovernor(self.torch_threads if self.device == "cpu" else 1, time.monotonic)
         while (job := self._batches.get()) is not None:
-            runner = runners[job.model]
+            runner = runners[job.work.model]
             wanted = self._governed(governor)
             threads = self._take_cores(runner, wanted)
             started = time.perf_counter()
@@ -167,7 +193,7 @@ class InferenceThread:
                 if self.ledger is not None and runner.device == "cpu":
                     self.ledger.release()
             elapsed = time.perf_counter() - started
-            self._loop.call_soon_threadsafe(self._finish, job, outcomes, elapsed)
+            self._loop.call_soon_threadsafe(self._finish, job.work.ticket, outcomes, elapsed)
             if threads == wanted:  # a batch on fewer threads than chosen (cores shared) says nothing of the choice
                 governor.observe(threads, elapsed, runner.modelled_seconds)
 
@@ -194,22 +220,22 @@ class InferenceThread:
             torch.set_num_threads(threads)
         return threads
 
-    def _run(self, runner: Runner, job: BatchJob) -> Outcomes:
-        """One outcome per item: the batch as planned (by the encoder thread, or here), or run the plain way."""
-        batch = job.batch
-        if self._encoder.serves(job.model, batch.operation):
-            self._encoder.settle(job)
-            if job.plan is not None:
-                def call(encodings: list[Any], parameters: dict[str, Any]) -> list[Any]:
-                    plan = job.plan if encodings is job.encodings else runner.plan(encodings, parameters)  # type: ignore[attr-defined]
-                    return runner.run_planned(plan)  # type: ignore[attr-defined, no-any-return]
+    def _run(self, runner: Runner, job: _Job) -> Outcomes:
+        """One outcome per item: the batch as planned (on the pool, or here), or run the plain way."""
+        work = job.work
+        stages = self._staged.get(work.model) if work.operation == RUN else None
+        if stages is not None:
+            if job.planned is not None and not job.planned.cancel():
+                settled = job.planned.result()  # under way on the pool: nearly done
+            else:
+                settled = settle(stages, work)
+            if settled is not None:
+                return run_isolated(_planned_call(stages, settled), settled.encodings, work.parameters)
+        return run_isolated(operation_of(runner, work.operation), list(work.inputs), work.parameters)
 
-                return run_isolated(call, job.encodings, batch.parameters)
-        return run_isolated(operation_of(runner, batch.operation), batch.inputs, batch.parameters)
-
-    def _finish(self, job: BatchJob, outcomes: Outcomes, elapsed_s: float) -> None:
+    def _finish(self, ticket: int, outcomes: Outcomes, elapsed_s: float) -> None:
         self._in_engine -= 1
-        self._done(job.model, job.batch, outcomes, elapsed_s)
+        self._done(ticket, outcomes, elapsed_s)
 
     def _governed(self, governor: ThreadGovernor) -> int:
         """The governor's thread count for the next batch (probes included); logged when its choice changes."""

@@ -2,15 +2,15 @@
 
 The delay benchmark's worker (:mod:`scripts.benchmarks.delay`) serves the bench's texts through the
 bundled model's real tokenizer, in front of a model that sleeps :data:`BATCH_MS` a batch (a GPU's
-time, no CPU): once as the worker runs text models, the encoder thread tokenizing and planning the
+time, no CPU): once as the worker runs text models, the preparation pool tokenizing and planning the
 next batch while the model runs (``ahead``), once with the inference thread tokenizing each batch
 before it runs it (``inline``).  The model takes no CPU, so what differs is whether it waits for
 the tokenizer.  The two alternate for ``settings.rounds`` rounds; each row is the middle round.
 
 Then the same pair on the real model: one broker and two real workers of the bundled model (one
-torch worker busy at a time, all cores), one with the encoder thread (``--tokenize-ahead``, the
+torch worker busy at a time, all cores), one with the preparation pool (``--tokenize-ahead``, the
 default) and one without, under the same closed-loop ZeroMQ clients, alternating in rounds.  There
-the tokenizer and torch share the CPU, so the encoder thread's gain is whatever the tokenizer's
+the tokenizer and torch share the CPU, so the preparation pool's gain is whatever the tokenizer's
 work overlaps with torch's idle moments.
 """
 
@@ -76,7 +76,7 @@ async def overlap(ctx: Context) -> None:
 
 
 async def _real_model(ctx: Context) -> None:
-    """The same pair on the real model: a worker with the encoder thread and one without, in rounds."""
+    """The same pair on the real model: a worker with the preparation pool and one without, in rounds."""
     s = ctx.settings
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     procs.log(f"overlap: {CLIENTS} clients, the real model, tokenized ahead and inline")

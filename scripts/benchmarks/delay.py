@@ -13,8 +13,8 @@ a GPU host need?), and the answer is in the README.
 With ``--tokenize`` the simulated model takes real texts through the real
 tokenizer of the bundled model first (:class:`TokenizingSleepRunner`, a text
 runner whose forward pass sleeps): ``ahead`` as the worker runs text models,
-encoding and planning in the encoder thread while the model runs
-(:mod:`worker.encoder`); ``inline`` with the same work done by the inference
+encoding and planning in the preparation pool while the model runs
+(:mod:`worker.stages`); ``inline`` with the same work done by the inference
 thread before each batch, as a runner without the three steps is run.  The
 difference is what tokenizing in the model's shadow buys.
 

@@ -212,9 +212,9 @@ CASE_NOTES = """
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
 * **overlap**: 32 closed-loop clients against the simulated-accelerator worker of
   `python -m scripts.benchmarks.delay`, its model sleeping 2 ms a batch behind the real tokenizer: texts
-  tokenized in the model's shadow by the encoder thread (as the worker runs text models), and tokenized by
+  tokenized in the model's shadow by the preparation pool (as the worker runs text models), and tokenized by
   the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
-  Then the same pair on the real model: two real workers of one broker, one with the encoder thread and one
+  Then the same pair on the real model: two real workers of one broker, one with the preparation pool and one
   without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
 """
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from worker.runners import device as devices
 from worker.runners.classify import SequenceClassifier
@@ -57,6 +57,38 @@ class Runner(Protocol):
     def warm_up(self) -> None: ...
 
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]: ...
+
+
+EncodingT = TypeVar("EncodingT")
+PlanT = TypeVar("PlanT")
+
+
+@runtime_checkable
+class StagedRunner(Runner, Protocol[EncodingT, PlanT]):
+    """A runner whose ``run`` is three steps the worker may put on different threads (:mod:`worker.stages`).
+
+    ``run(inputs, parameters)`` is ``run_planned(plan(encode(inputs, parameters), parameters))``:
+
+    * ``encode``: each input in the form the model takes it, or the
+      :class:`~worker.runners.spec.InputError` that refuses it alone; raises
+      InputError for a bad batch.  No torch: any thread may call it, and an
+      input encodes the same alone as in a batch, so a batch may gather
+      encodings made for its requests one by one.
+    * ``plan``: the batch's arrays from its encodings (numpy, no torch).
+    * ``run_planned``: the model over a plan; the only step that calls torch,
+      on the inference thread.
+    """
+
+    def encode(self, inputs: list[Any], parameters: dict[str, Any]) -> list[EncodingT]: ...
+
+    def plan(self, encodings: Sequence[EncodingT], parameters: dict[str, Any]) -> PlanT: ...
+
+    def run_planned(self, plan: PlanT) -> list[Any]: ...
+
+
+def staged(runner: Runner) -> StagedRunner[Any, Any] | None:
+    """``runner`` as a staged runner, if it is one."""
+    return runner if isinstance(runner, StagedRunner) else None
 
 
 def operation_of(runner: Runner, operation: str) -> Operation:

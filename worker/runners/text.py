@@ -12,7 +12,7 @@ steps that the worker can run on different threads (:mod:`worker.engine`):
    they are taken untruncated, and each input longer than the model takes is
    refused alone: its result is an :class:`InputError` saying its length and
    the maximum, and the others run.  Only the tokenizer runs, never torch;
-   the tokenizer is locked, so any thread may encode.  Inputs encode the same
+   each thread tokenizes with a copy of its own, so any thread may encode.  Inputs encode the same
    alone as in a batch, so the worker encodes each request as it arrives and
    a batch gathers its requests' encodings.
 2. :meth:`~TextRunner.plan`: :mod:`worker.runners.grouping` plans the length
@@ -35,6 +35,7 @@ torch is imported inside the functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import time
@@ -189,8 +190,8 @@ class TextRunner:
         self.cost_model = CostModel(0.0)
         self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
         self.details = ModelDetails(max_length, dtype=dtype_name(model.dtype))
-        self._tokenizer = tokenizer
-        self._tokenizer_lock = threading.Lock()  # a tokenizer's settings are shared state: one call at a time
+        self._tokenizer = tokenizer  # its settings (padding side, pad tokens) are read by every thread
+        self._own_tokenizers = threading.local()
         self._model = model
         self._length_grouping = True
         self._packer: PackedBert | None = None  # set by a subclass that can run packed groups
@@ -216,8 +217,7 @@ class TextRunner:
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
         self.modelled_seconds = 0.0
-        with self._tokenizer_lock:
-            return tokenize_texts(self._tokenizer, inputs, parameters)
+        return tokenize_texts(self._own_tokenizer(), inputs, parameters)
 
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         """One output per input, in input order, with the tokens each took (refused inputs: an InputError)."""
@@ -232,8 +232,9 @@ class TextRunner:
         truncation = truncation_of(parameters)
         self._options(parameters)
         limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
-        with self._tokenizer_lock, truncation_side(self._tokenizer, truncation.direction):
-            encoded = self._tokenizer(_texts(inputs), **limit)
+        tokenizer = self._own_tokenizer()
+        with truncation_side(tokenizer, truncation.direction):
+            encoded = tokenizer(_texts(inputs), **limit)
         keys = [key for key in encoded if key != "attention_mask"]
         results: list[Encoding | InputError] = []
         for index in range(len(inputs)):
@@ -273,6 +274,14 @@ class TextRunner:
             for index, output in zip(group, forward(encoded, planned.options), strict=True):
                 outputs[index] = output
         return Outputs(outputs, list(planned.tokens))
+
+    def _own_tokenizer(self) -> Any:
+        """This thread's copy of the tokenizer.  A call sets the tokenizer's truncation (shared state), so
+        threads never share one; each encodes on its own, in parallel (fast tokenizers release the GIL)."""
+        own = getattr(self._own_tokenizers, "tokenizer", None)
+        if own is None:
+            own = self._own_tokenizers.tokenizer = copy.deepcopy(self._tokenizer)
+        return own
 
     def _options(self, parameters: dict[str, Any]) -> Any:
         """The task's own parameters, checked (InputError), in whatever form :meth:`_forward` takes."""
@@ -319,8 +328,7 @@ class TextRunner:
         import torch
 
         shape = (rows, min(tokens, self.max_length))
-        with self._tokenizer_lock:
-            word_id = self._tokenizer.convert_tokens_to_ids(self._tokenizer.unk_token or "a")
+        word_id = self._tokenizer.convert_tokens_to_ids(self._tokenizer.unk_token or "a")
         assert isinstance(word_id, int)  # one token in, one id out
         batch = {"input_ids": torch.full(shape, word_id, device=self.device),
                  "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device)}
