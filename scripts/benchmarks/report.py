@@ -242,7 +242,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     """The whole BENCHMARKS.md.
 
     ``sections``: "targets" and "details" (generated lines), "analysis" and
-    "history" (carried over from the previous file: hand-written, and the log).
+    "history" (carried over from the previous file: hand-written, and the log), and "gpu" (the gpu case's
+    section: this run's when it ran on CUDA, else the previous file's).
     """
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -260,6 +261,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
     lines += sections["details"]
+    if sections.get("gpu"):
+        gpu = sections["gpu"]
+        lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
     return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(sections["history"]) + "\n"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import check_endpoints, load, option, split_endpoints
+from zbatch.supervisor.gpus import check_gpus
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,15 @@ class ServeConfig:
     daemon that exits, and stop them in order (gateways, workers, brokers) on SIGTERM or Ctrl-C. Every other
     ZBATCH_* variable reaches the daemons."""
 
-    workers: int = option(2, "worker daemons to start (worker-0, worker-1, ...); they share the cores through "
-                             "the host's cores ledger (a lone busy one gets them all), and each also takes it as "
-                             "its own 'workers' setting, the fixed split of --cores-ledger off; 0: none on this "
-                             "host", minimum=0)
+    workers: int = option(2, "worker daemons to start on a host without GPUs (worker-0, worker-1, ...); they "
+                             "share the cores through the host's cores ledger (a lone busy one gets them all), and "
+                             "each also takes it as its own 'workers' setting, the fixed split of --cores-ledger "
+                             "off; 0: none on this host, GPUs or not", minimum=0)
+    gpus: str = option("auto", "GPUs to run workers on, workers_per_gpu on each, pinned with --device cuda:N: "
+                       "auto (those CUDA_VISIBLE_DEVICES or nvidia-smi -L shows, none where ZBATCH_DEVICE is set), "
+                       "none (CPU workers), or indices such as 0,1", check=check_gpus)
+    workers_per_gpu: int = option(2, "worker daemons on each GPU (2 kept an H200 busier than 1: a worker's CPU "
+                                     "side limits a small model)", minimum=1)
     host: str = option("127.0.0.1", "address the gateway listens on")
     port: int = option(8000, "TCP port the gateway listens on", minimum=1)
     processes: int = option(0, "gateway processes sharing the port; 0: the gateway's default (one per core, "
