@@ -164,6 +164,17 @@ def test_payload_rejects_bad_extensions(ext: msgpack.ExtType) -> None:
         payloads.decode_payload(msgpack.packb({"outputs": [ext]}))
 
 
+def test_a_payload_that_cannot_be_encoded_leaves_nothing_behind_for_the_next() -> None:
+    """The packer is reused per thread: a failed pack must not leak its partial bytes into the next payload."""
+    with pytest.raises(TypeError, match="cannot encode"):
+        payloads.encode_payload({"outputs": [np.ones(3, np.float32), object()]})
+    with pytest.raises(TypeError, match="cannot be sent"):
+        payloads.encode_payload({"outputs": [np.array(["text"])]})
+    body = {"outputs": [np.arange(4, dtype=np.float32)], "tokens": [4]}
+    decoded = payloads.decode_payload(payloads.encode_payload(body))
+    assert decoded["tokens"] == [4] and decoded["outputs"][0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_payload_rejects_garbage_and_oversize() -> None:
     with pytest.raises(ProtocolError, match="not valid msgpack"):
         payloads.decode_payload(b"\xc1\xc1")
