@@ -94,7 +94,8 @@ def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:
     return packed
 
 
-_PLAIN_KEYS: Final = {operation: msgpack.packb([operation, []], use_bin_type=True) for operation in OPERATIONS}
+_PLAIN_KEYS: Final[dict[str, bytes]] = {operation: msgpack.packb([operation, []], use_bin_type=True)
+                                         for operation in OPERATIONS}
 
 
 class _Reader:
