@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
+from broker.rates import ServiceRate
 from zbatch.protocol.wire import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
 from zbatch.runtime.histogram import SECONDS_BUCKETS, Histogram
 
@@ -25,6 +26,9 @@ class Job:
     taken until that worker replies or is declared dead.  ``deaths`` counts
     the workers that died while running it; ``isolated`` says it runs alone
     on its worker (it is a retry, and may be what killed the last one).
+    ``strays`` counts the workers that answered it with a status a worker may
+    not send (PROTOCOL.md 6.3), the last of which, ``avoid``, it is not sent
+    back to while another worker serves its model.
     """
 
     job_id: bytes
@@ -38,6 +42,8 @@ class Job:
     priority: int = NORMAL_PRIORITY
     trace: str = ""
     deaths: int = 0
+    strays: int = 0
+    avoid: bytes | None = None
     isolated: bool = False
     worker: WorkerState | None = None
     waiting: bool = False
@@ -58,6 +64,8 @@ class WorkerState:
     in_flight_items: int = 0
     isolated_in_flight: int = 0  # retried jobs in flight, each of which gets the worker to itself
     batches: dict[str, BatchCounters] = field(default_factory=dict)
+    rates: dict[str, ServiceRate] = field(default_factory=dict)  # by model
+    shared: bool = False  # it has announced a share: it serves several brokers
     draining: bool = False
     declined: int = 0  # requests the worker declined (full with other brokers' work)
 
@@ -76,6 +84,14 @@ class WorkerState:
     @property
     def free_credit(self) -> int:
         return self.capacity - self.in_flight_items
+
+    def rate(self, model: str) -> float | None:
+        """Items per second of ``model`` this worker runs for this broker; None: not measured yet, or it takes
+        no work now."""
+        measured = self.rates.get(model)
+        if measured is None or self.draining or not self.capacity:
+            return None
+        return measured.per_second(self.shared)
 
     def can_take(self, job: Job) -> bool:
         """Room for the job's items; a job larger than the whole capacity, or one that may
@@ -111,13 +127,20 @@ class ModelState:
     ``known`` once configured or announced by a worker; ``workerless_since``
     is when its last worker left (the core forgets idle models after a
     while).  ``dispatched`` and ``queue_time`` (admission to dispatch,
-    seconds) feed the broker's metrics.
+    seconds) feed the broker's metrics.  ``waiting`` counts the items
+    waiting in each priority class, ``in_flight_items`` those on workers
+    (answered or not, until the worker lets go), and ``rate`` is the sum of
+    its workers' measured rates (None while none is measured): what
+    admission predicts waits from.
     """
 
     name: str
     known: bool = False
     backlogs: tuple[deque[Job], ...] = field(default_factory=lambda: tuple(deque() for _ in PRIORITIES))
     backlog_items: int = 0
+    waiting: list[int] = field(default_factory=lambda: [0 for _ in PRIORITIES])
+    in_flight_items: int = 0
+    rate: float | None = None
     backlog_bytes: int = 0
     held_bytes: int = 0  # payloads the broker holds for this model: waiting, and on workers until answered
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
@@ -133,6 +156,7 @@ class ModelState:
         else:
             self.backlogs[job.priority].append(job)
         self.backlog_items += job.items
+        self.waiting[job.priority] += job.items
         self.backlog_bytes += len(job.payload)
         job.waiting = True
 
@@ -162,7 +186,17 @@ class ModelState:
         if job.waiting:
             job.waiting = False
             self.backlog_items -= job.items
+            self.waiting[job.priority] -= job.items
             self.backlog_bytes -= len(job.payload)
+
+    def ahead_of(self, priority: int) -> int:
+        """Items that run before a request of ``priority`` admitted now: those on workers, and those waiting
+        at its priority or higher."""
+        return self.in_flight_items + sum(self.waiting[: priority + 1])
+
+    def measure_rate(self) -> None:
+        rates = [rate for worker in self.workers.values() if (rate := worker.rate(self.name)) is not None]
+        self.rate = sum(rates) if rates else None
 
     def batch_totals(self) -> BatchCounters:
         totals = self.retired_batches
@@ -174,6 +208,7 @@ class ModelState:
         """Keep a departing worker's batch counts in the model's totals."""
         self.workers.pop(worker.identity, None)
         self.retired_batches = add_counters(self.retired_batches, worker.batches.get(self.name))
+        self.measure_rate()
         if not self.workers:
             self.workerless_since = now
 
