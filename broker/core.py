@@ -507,8 +507,7 @@ class BrokerCore:
     def _stray(self, worker: WorkerState, job: Job, reply: Reply) -> None:
         """A status the worker may not send (``STRAYS``): the work was not done, through the worker's fault.
         Another worker gets it while the retry budget lasts; else the client is told which worker failed it."""
-        what = (f"worker {worker.ready.name or worker.identity.hex()} (pid {worker.ready.pid} on "
-                f"{worker.ready.host or 'an unnamed host'}) answered {reply.status.value!r}"
+        what = (f"worker {worker.label} answered {reply.status.value!r}"
                 + (" although the request was not cancelled" if reply.status is Status.CANCELLED else
                    ", a status only the broker gives"))
         self.logs.log(f"stray-{reply.status.value}", logging.WARNING, "job %s: %s", job.job_id.hex(), what,

@@ -85,6 +85,15 @@ class WorkerState:
     def free_credit(self) -> int:
         return self.capacity - self.in_flight_items
 
+    @property
+    def label(self) -> str:
+        """The worker as a person reads it in an answer: its name (else its routing id), pid and host."""
+        ident = self.identity
+        name = self.ready.name or (ident.decode() if ident.isascii() and ident.decode().isprintable() else ident.hex())
+        where = " on ".join(part for part in (f"pid {self.ready.pid}" if self.ready.pid else "", self.ready.host)
+                            if part)
+        return f"{name} ({where})" if where else name
+
     def rate(self, model: str) -> float | None:
         """Items per second of ``model`` this worker runs for this broker; None: not measured yet, or it takes
         no work now."""

@@ -125,7 +125,7 @@ def test_a_client_that_waits_retry_after_gets_in(clock: FakeClock) -> None:
     [refused] = fill(core, 11)  # the eleventh: 100 items ahead
     assert refused.retry_after_ms == 100
     clock.advance(0.1)  # 10 items at 100 items/s: one request of the worker's finishes
-    [(_, running)] = [job for job in core.workers[b"W1"].in_flight.items()][:1]
+    running = next(iter(core.workers[b"W1"].in_flight.values()))
     worker_reply(core, b"W1", running.job_id)
     assert len(dispatched(take(core))) == 1
     send(core, b"again", items=10)
