@@ -7,7 +7,7 @@ The rule is in units of time.  A request is refused only when the broker
 predicts it would not be answered within its own deadline (or within the
 model's ``max_queue_ms``, if set)::
 
-    predicted wait = (items ahead of it + its own items) / the model's service rate
+    predicted wait = (items ahead of it + its own items) / the model's service rate + lateness
 
 * *Items ahead* are the items on the model's workers and those waiting at
   the request's priority or higher (:meth:`ModelState.ahead_of`): a
@@ -16,6 +16,8 @@ model's ``max_queue_ms``, if set)::
   keeps room for the higher classes that overtake it while it waits.
 * The *service rate* is the sum of the rates the model's workers measure with
   their batch times (:mod:`broker.rates`).
+* *Lateness* is how much later than that the model's answers have come
+  lately (:class:`broker.rates.Lateness`): what busy time does not see.
 * A refusal is ``overloaded`` with ``retry_after_ms``: how long the items
   ahead take, at that rate, to drain enough for this request to fit.
 * A model with nothing ahead admits any request: a wait that is only the
@@ -104,13 +106,14 @@ def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserv
                       f"{items} items and {size} bytes; retry later", retry_ms)
 
 
-def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits,
-             reserve: float) -> Refusal | None:
+def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits, reserve: float,
+             now: float) -> Refusal | None:
     """The time rule (see the module's docstring); with no rate measured yet, the cold count."""
     ahead = model.ahead_of(request.priority)
     if not ahead:
         return None
-    if model.rate is None:
+    wait_s = model.predicted_wait_s(request.priority, request.items, now)
+    if wait_s is None or model.rate is None:
         cold = share(limits.cold_backlog, request.priority, reserve)
         if model.backlog_items + request.items <= cold:
             return None
@@ -118,7 +121,6 @@ def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: Model
                           f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
                           "items waiting; retry later")
     allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve)
-    wait_s = (ahead + request.items) / model.rate
     if wait_s <= allowed_s:
         return None
     bound = "its deadline" if allowed_s * 1000 >= timeout_ms else "the longest wait allowed"

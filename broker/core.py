@@ -211,10 +211,12 @@ class BrokerCore:
 
     def _worker_heartbeat(self, worker: WorkerState, message: Heartbeat) -> None:
         # Counters only for the models it serves: other names would pile up.
+        now = self.clock()
         for name, counters in message.batches.items():
             if name in worker.ready_models:
                 worker.batches[name] = counters
-                worker.rates.setdefault(name, ServiceRate()).heartbeat(counters)
+                since = self.models[name].backlogged_since
+                worker.rates.setdefault(name, ServiceRate()).heartbeat(counters, now, since)
         if message.capacity is not None:
             worker.shared = True  # a worker of several brokers: this one gets its part of it
             if message.capacity != worker.capacity:
@@ -314,6 +316,8 @@ class BrokerCore:
         self.by_client[(client, request.request_id)] = job
         self.unanswered[client] += 1
         model.held_bytes += len(job.payload)
+        if model.rate is not None:
+            job.expected = now + (model.ahead_of(job.priority) + job.items) / model.rate
         model.enqueue(job)
         if log.isEnabledFor(logging.DEBUG):  # the arguments cost more than routing the request
             log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
@@ -341,7 +345,7 @@ class BrokerCore:
             return None
         if (refusal := admission.memory_full(request, model, limits, reserve)) is not None:
             return refusal
-        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve)
+        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve, now)
 
     def _timeout_ms(self, request: Request) -> int:
         """The request's deadline from now: its own, or the model's default, at most the model's longest."""
@@ -372,7 +376,7 @@ class BrokerCore:
         while (job := model.first_waiting()) is not None:
             worker = self._pick_worker(model, job)
             if worker is None:
-                return
+                break
             model.dequeue(job)
             worker.take(job, now)
             model.in_flight_items += job.items
@@ -384,6 +388,7 @@ class BrokerCore:
             remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, wire.encode_request(request)))
+        model.note_backlog(now)
 
     @staticmethod
     def _pick_worker(model: ModelState, job: Job) -> WorkerState | None:
@@ -495,6 +500,8 @@ class BrokerCore:
         self._dispatch_to(worker)
 
     def _forward(self, worker: WorkerState, job: Job, reply: Reply, frames: list[bytes]) -> None:
+        if reply.status is Status.OK:
+            self.models[job.model].answered_at(job, self.clock())
         self._settle(job)
         self.models[job.model].answered[reply.status] += 1
         if reply.status is not Status.OK:
@@ -569,6 +576,8 @@ class BrokerCore:
         if job.answered:
             return
         if now >= job.deadline:
+            if job.worker is not None:  # late on a worker: at least this late against its prediction
+                self.models[job.model].answered_at(job, now)
             self._answer(job, Status.DEADLINE_EXCEEDED,
                          f"not finished within its deadline of {(job.deadline - job.admitted_at) * 1000:.0f} ms")
             return
@@ -604,7 +613,10 @@ class BrokerCore:
         self.unanswered[job.client] -= 1
         if self.unanswered[job.client] <= 0:
             del self.unanswered[job.client]
-        self.models[job.model].forget_waiting(job)
+        model = self.models[job.model]
+        if job.waiting:
+            model.forget_waiting(job)
+            model.note_backlog(self.clock())
         if job.worker is None:
             self._forget(job)
         else:
@@ -653,6 +665,6 @@ class BrokerCore:
             "draining": self.draining,
             "limits": stats.limits_stats(self._default_limits, self.config.max_message_bytes),
             "worker_removals": dict(self.removals),
-            "models": {name: stats.model_stats(model) for name, model in self.models.items()},
+            "models": {name: stats.model_stats(model, now) for name, model in self.models.items()},
             "workers": [stats.worker_stats(worker, now) for worker in self.workers.values()],
         }

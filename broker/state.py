@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
-from broker.rates import ServiceRate
+from broker.rates import Lateness, ServiceRate
 from zbatch.protocol.wire import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
 from zbatch.runtime.histogram import SECONDS_BUCKETS, Histogram
 
@@ -44,6 +44,7 @@ class Job:
     deaths: int = 0
     strays: int = 0
     avoid: bytes | None = None
+    expected: float = 0.0  # when admission predicted its answer (0: no rate to predict with)
     isolated: bool = False
     worker: WorkerState | None = None
     waiting: bool = False
@@ -140,7 +141,8 @@ class ModelState:
     waiting in each priority class, ``in_flight_items`` those on workers
     (answered or not, until the worker lets go), and ``rate`` is the sum of
     its workers' measured rates (None while none is measured): what
-    admission predicts waits from.
+    admission predicts waits from, with ``lateness``, how much later than
+    predicted its answers have come.
     """
 
     name: str
@@ -149,7 +151,9 @@ class ModelState:
     backlog_items: int = 0
     waiting: list[int] = field(default_factory=lambda: [0 for _ in PRIORITIES])
     in_flight_items: int = 0
+    backlogged_since: float | None = None  # since when items have waited without a break (None: none wait)
     rate: float | None = None
+    lateness: Lateness = field(default_factory=Lateness)
     backlog_bytes: int = 0
     held_bytes: int = 0  # payloads the broker holds for this model: waiting, and on workers until answered
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
@@ -202,6 +206,25 @@ class ModelState:
         """Items that run before a request of ``priority`` admitted now: those on workers, and those waiting
         at its priority or higher."""
         return self.in_flight_items + sum(self.waiting[: priority + 1])
+
+    def predicted_wait_s(self, priority: int, items: int, now: float) -> float | None:
+        """How long a request of ``items`` at ``priority`` admitted now would wait for its answer; None
+        without a rate."""
+        if self.rate is None:
+            return None
+        return (self.ahead_of(priority) + items) / self.rate + self.lateness.now(now)
+
+    def answered_at(self, job: Job, now: float) -> None:
+        """A job's answer came (or its deadline did, on a worker): how late was it against its prediction?"""
+        if job.expected:
+            self.lateness.observe(now - job.expected, now)
+
+    def note_backlog(self, now: float) -> None:
+        """Keep ``backlogged_since``: call after the backlog may have changed (dispatch, an answer)."""
+        if not self.backlog_items:
+            self.backlogged_since = None
+        elif self.backlogged_since is None:
+            self.backlogged_since = now
 
     def measure_rate(self) -> None:
         rates = [rate for worker in self.workers.values() if (rate := worker.rate(self.name)) is not None]

@@ -10,14 +10,16 @@ from broker.state import ModelState, WorkerState
 from zbatch.protocol.wire import NORMAL_PRIORITY
 
 
-def model_stats(model: ModelState) -> dict[str, Any]:
+def model_stats(model: ModelState, now: float) -> dict[str, Any]:
     totals = model.batch_totals()
     rate = model.rate
+    wait_s = model.predicted_wait_s(NORMAL_PRIORITY, 1, now)
     return {
         "backlog_items": model.backlog_items,
         "in_flight_items": model.in_flight_items,
         "service_rate": None if rate is None else round(rate, 3),
-        "predicted_wait_ms": None if rate is None else round((model.ahead_of(NORMAL_PRIORITY) + 1) / rate * 1000),
+        "predicted_wait_ms": None if wait_s is None else round(wait_s * 1000),
+        "lateness_ms": round(model.lateness.now(now) * 1000),
         "backlog_bytes": model.backlog_bytes,
         "held_bytes": model.held_bytes,
         "workers": len(model.workers),

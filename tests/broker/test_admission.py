@@ -211,3 +211,39 @@ def test_a_refusal_is_one_answer_and_leaves_nothing_behind(clock: FakeClock) -> 
     replies = client_replies(take(core))
     assert len(replies) == 1_000 and {r.status for r in replies} == {Status.OVERLOADED}
     assert len(core.jobs) == jobs and core.unanswered[b"C"] == 10
+
+
+def test_answers_later_than_predicted_make_the_predictions_longer_until_they_fade(clock: FakeClock) -> None:
+    """Busy time does not see everything: the broker learns how late the answers come and waits that much more."""
+    core = core_at(clock)
+    send(core, b"first", items=10)  # predicted: answered 0.1 s from now
+    [(_, job)] = dispatched(take(core))
+    clock.advance(0.4)  # answered 0.3 s late
+    worker_reply(core, b"W1", job.request_id)
+    take(core)
+    assert core.stats()["models"][MODEL]["lateness_ms"] == 300
+    fill(core, 7)  # 70 items ahead: 0.7 s of work, 1.0 s with the lateness
+    [refused] = fill(core, 1, prefix=b"late")  # 1.1 s > 1 s
+    assert refused.retry_after_ms == 100
+    clock.advance(60)  # six times the fading time: the lateness is forgotten, the work has not moved
+    assert fill(core, 1, prefix=b"faded") == []
+
+
+def test_while_the_backlog_never_empties_a_workers_gaps_between_batches_count(clock: FakeClock) -> None:
+    """Half a second of batches in a second of backlog: the worker serves 100 items/s, not 200, until its
+    work without a backlog has outweighed that second."""
+    core = make_core(clock, max_backlog=1_000, timeout_ms=60_000)
+    ready(core, b"W1", capacity=10)
+    fill(core, 5)  # 10 in flight, 40 waiting from now on
+    heartbeat(core, b"W1", 0, 0)
+    clock.advance(1.0)
+    heartbeat(core, b"W1", 100, 500)
+    assert core.models[MODEL].rate == pytest.approx(100.0)
+    for i in range(1, 5):  # the backlog empties: gaps are idleness from now on, not cost
+        core.client_message(b"C", wire.encode_cancel(b"fill%d" % i))
+    items, busy_ms = 100, 500
+    for _ in range(10):
+        clock.advance(1.0)
+        items, busy_ms = items + 100, busy_ms + 500
+        heartbeat(core, b"W1", items, busy_ms)
+    assert core.models[MODEL].rate == pytest.approx(200.0)
