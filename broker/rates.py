@@ -20,7 +20,9 @@ backlog at the broker has not emptied since the last heartbeat
 (``saturated``), the worker always had its next batch, and the whole
 interval between the two heartbeats is what its items cost: those items and
 that time go into two more sums, and the rate is the lower of the two
-ratios while those sums hold at least ``MIN_SATURATED_S`` of recent time.
+ratios once those sums hold ``MIN_SATURATED_BATCHES`` batches: a batch
+that takes longer than a heartbeat interval makes single intervals of 0
+items or of two batches, and only several batches average that out.
 
 A worker of several brokers (PROTOCOL.md 6.6) spends its time on all of
 them.  For such a worker the rate is scaled by this broker's part of the
@@ -51,10 +53,10 @@ from dataclasses import dataclass
 
 from zbatch.protocol.wire import BatchCounters
 
-WINDOW_S = 5.0  # seconds of work over which old measurements fade (by 1/e)
-LATENESS_WINDOW_S = 10.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
+WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
+LATENESS_WINDOW_S = 5.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
-MIN_SATURATED_S = 0.5  # saturated time (faded) below which the busy-time rate stands alone
+MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class ServiceRate:
     items: float = 0.0  # the worker's items, faded
     seconds: float = 0.0  # its busy time, faded alike
     saturated_items: float = 0.0  # its items of saturated intervals, faded alike
+    saturated_batches: float = 0.0  # and its batches
     saturated_s: float = 0.0  # the length of those intervals, faded alike
     mine: float = 0.0  # the items of this broker's ok replies from it, faded alike
     answered: int = 0  # items of this broker's ok replies since the last heartbeat
@@ -91,6 +94,8 @@ class ServiceRate:
         self.items = self.items * fade + (items if busy_s > 0 else 0)
         self.seconds = self.seconds * fade + busy_s
         self.saturated_items = self.saturated_items * fade + (items if saturated_s > 0 else 0)
+        batches = counters.batches - last.batches if saturated_s > 0 else 0
+        self.saturated_batches = self.saturated_batches * fade + batches
         self.saturated_s = self.saturated_s * fade + saturated_s
         self.mine = self.mine * fade + answered
 
@@ -102,7 +107,7 @@ class ServiceRate:
         rate: float | None = None
         if self.seconds > 0 and self.items >= MIN_ITEMS:
             rate = self.items / self.seconds
-        if self.saturated_s >= MIN_SATURATED_S and self.saturated_items >= MIN_ITEMS:
+        if self.saturated_batches >= MIN_SATURATED_BATCHES and self.saturated_s > 0:
             saturated = self.saturated_items / self.saturated_s
             rate = saturated if rate is None else min(rate, saturated)
         if rate is None:

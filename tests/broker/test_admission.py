@@ -32,8 +32,9 @@ def clock() -> FakeClock:
 
 
 def heartbeat(core: BrokerCore, worker: bytes, items: int, busy_ms: int, capacity: int | None = None) -> None:
-    core.worker_message(worker, wire.encode_heartbeat(Heartbeat({MODEL: BatchCounters(1, items, busy_ms=busy_ms)},
-                                                                capacity)))
+    """The worker's counters: ``items`` run (in batches of 10) in ``busy_ms`` of batches."""
+    counters = BatchCounters(items // 10, items, busy_ms=busy_ms)
+    core.worker_message(worker, wire.encode_heartbeat(Heartbeat({MODEL: counters}, capacity)))
 
 
 def measured(core: BrokerCore, worker: bytes, items_per_s: float, *, items: int = 1_000) -> None:
@@ -242,7 +243,7 @@ def test_while_the_backlog_never_empties_a_workers_gaps_between_batches_count(cl
     for i in range(1, 5):  # the backlog empties: gaps are idleness from now on, not cost
         core.client_message(b"C", wire.encode_cancel(b"fill%d" % i))
     items, busy_ms = 100, 500
-    for _ in range(10):
+    for _ in range(20):
         clock.advance(1.0)
         items, busy_ms = items + 100, busy_ms + 500
         heartbeat(core, b"W1", items, busy_ms)

@@ -11,7 +11,8 @@ from zbatch.protocol.wire import BatchCounters
 
 
 def counters(items: int, busy_ms: int) -> BatchCounters:
-    return BatchCounters(batches=1, items=items, busy_ms=busy_ms)
+    """Batches of 10 items."""
+    return BatchCounters(batches=items // 10, items=items, busy_ms=busy_ms)
 
 
 def test_the_first_heartbeat_is_only_a_baseline() -> None:
@@ -38,12 +39,25 @@ def test_a_saturated_interval_counts_the_gaps_between_batches() -> None:
     """The backlog never emptied: the worker always had its next batch, so the whole interval is the cost."""
     rate = ServiceRate()
     rate.heartbeat(counters(0, 0), 10.0, None)
-    rate.heartbeat(counters(100, 500), 11.0, backlogged_since=9.0)  # 0.5 s busy in a saturated second
+    rate.heartbeat(counters(100, 500), 11.0, backlogged_since=9.0)  # 10 batches in 0.5 s busy, a saturated 1 s
     assert rate.per_second(shared=False) == pytest.approx(100.0)
     fresh = ServiceRate()
     fresh.heartbeat(counters(0, 0), 10.0, None)
     fresh.heartbeat(counters(100, 500), 11.0, backlogged_since=10.5)  # the backlog began mid-interval
     assert fresh.per_second(shared=False) == pytest.approx(200.0)
+
+
+def test_a_saturated_measurement_needs_a_few_batches() -> None:
+    """A batch longer than a heartbeat interval: one interval sees none finish, which says little yet."""
+    rate = ServiceRate()
+    rate.heartbeat(counters(0, 0), 10.0, None)
+    rate.heartbeat(counters(10, 100), 11.0, None)  # one batch of 10 in 0.1 s: 100 items/s busy
+    rate.heartbeat(counters(10, 100), 12.0, backlogged_since=10.5)  # a saturated second in which none finished
+    assert rate.per_second(shared=False) == pytest.approx(100.0)
+    for second in range(13, 30):  # then a batch every 2 s of the clock, each 0.1 s busy: 5 items/s in fact
+        done = (second - 11) // 2
+        rate.heartbeat(counters(10 + 10 * done, 100 + 100 * done), float(second), backlogged_since=10.5)
+    assert rate.per_second(shared=False) == pytest.approx(5.0, rel=0.2)
 
 
 def test_counters_that_go_back_are_a_restarted_worker_and_a_new_baseline() -> None:
