@@ -329,7 +329,7 @@ class AsyncClient:
         """One broker's STATS answer, asked of that broker only."""
         self._ensure_reader()
         if not self.brokers[index].live and self.brokers.watch:
-            raise BrokerUnavailable(f"the broker at {self.endpoints[index]} is not answering heartbeats")
+            raise BrokerUnavailable(self._dead_text(index))
         request_id = self._new_id()
         pending = _Pending(request_id, asyncio.get_running_loop().create_future(), index)
         frames = wire.encode_stats_query(request_id)
@@ -387,7 +387,7 @@ class AsyncClient:
             self._poller.wake()
         if self.brokers.watch:
             if self.brokers.lost(index):
-                self._broker_died(index, "lost the connection")
+                self._broker_died(index)
             return
         lost = BrokerUnavailable(
             f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
@@ -426,21 +426,26 @@ class AsyncClient:
     def _watch(self) -> float | None:
         """After each wake: give up silent brokers, heartbeat every broker when due; the next wake."""
         for index in self.brokers.silent():
-            self._broker_died(index, f"no answer to heartbeats for {self.brokers.expiry_s:.1f} s")
+            self._broker_died(index)
         if self.brokers.heartbeat_due():
             for index in range(len(self._sockets)):
                 self._try_send(index, HEARTBEAT)
         return self.brokers.next_wakeup()
 
-    def _broker_died(self, index: int, why: str) -> None:
+    def _broker_died(self, index: int) -> None:
         """Move what is outstanding at a dead broker to live ones, or fail it."""
+        why = self._dead_text(index)
         for request_id, pending in list(self._pending.items()):
             if pending.broker != index or pending.future.done():
                 continue
             if pending.request is None or not self.replay or not self._replay(request_id, pending):
                 pending.future.set_exception(BrokerUnavailable(
-                    f"the broker at {self.endpoints[index]} {why}; the request may not have run"
+                    f"{why}; the request may not have run"
                     + ("" if pending.request is None or not self.replay else ", and no other broker is live")))
+
+    def _dead_text(self, index: int) -> str:
+        return (f"the broker at {self.endpoints[index]} is not answering heartbeats: it "
+                f"{self.brokers[index].obituary(self.brokers.clock())}")
 
     def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
         """Send a request again to the best live broker (not one of ``avoid``), with the time left;
