@@ -149,7 +149,9 @@ def test_a_stopped_broker_is_given_up_within_liveness_and_rejoins_when_resumed(f
     """What detection takes, and what bounds it.
 
     The gateway gives a broker up once it has read nothing from it for heartbeat_ms x liveness (3 s),
-    counted from the last message it read, which broker1 sent before it stopped.  Two things on the
+    counted from the last message it read, which broker1 sent before it stopped: an answer, or for a
+    gateway process with nothing in flight there, a heartbeat's answer, up to one interval (1 s) before
+    the stop (each gateway process keeps its own liveness).  Two things on the
     gateway's host add to that, and neither is zbatch's to bound: the gateway notices on its event loop's
     timer, which runs late while a busy host keeps the loop from running, and it may read broker1's last
     messages late for the same reason.  The gateway reports the silence it measured when it gave broker1 up
