@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from zbatch.protocol.wire import BatchCounters
 
 WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
-LATENESS_WINDOW_S = 5.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
+LATENESS_WINDOW_S = 30.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
 MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
 
