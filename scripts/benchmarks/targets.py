@@ -177,7 +177,7 @@ def _shed(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | No
                 ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())), set(statuses) == {"200"}
             continue
         goodput = times(d["texts_s"], d["capacity_texts_s"])
-        p99_503, accepted = d.get("p99_503_ms"), d.get("p99_ms")
+        p99_503, accepted = d.get("p99_503_ms"), d.get("accepted_p99_ms")
         parts = [f"goodput {goodput:.2f}× capacity" if goodput is not None else "no goodput",
                  f"503 p99 {p99_503:.1f} ms" if p99_503 is not None else "no 503",
                  f"accepted p99 {accepted:.0f} ms" if accepted is not None else "none accepted",
