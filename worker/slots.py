@@ -49,9 +49,11 @@ class ModelSlot:
         return ModelInfo(self.spec.name, self.spec.task, self.max_batch_size, **dataclasses.asdict(self.details))
 
     def counters(self) -> BatchCounters:
+        """What the heartbeats report; ``busy_ms``, the batches' total time, gives the broker the service rate."""
         skipped = self.assembler.skipped_items
         return BatchCounters(self.batches, self.batched_items,
-                             skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED])
+                             skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED],
+                             int(self.inference_times.total * 1000))
 
 
 def ready_infos(slots: Iterable[ModelSlot]) -> tuple[ModelInfo, ...]:

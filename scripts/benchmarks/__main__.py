@@ -43,6 +43,7 @@ Case = Callable[[Context], Awaitable[None]]
 OTHER_CASES: dict[str, Case] = {
     "overload": cases_overload.overload,
     "storm": cases_overload.storm,
+    "shed": cases_overload.shed,
     "routing": cases_infra.routing,
     "gateway": cases_infra.gateway,
     "idle": cases_infra.idle,
@@ -53,7 +54,7 @@ OTHER_CASES: dict[str, Case] = {
 CASES = (*cases_model.CASES, *OTHER_CASES)
 NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes
 # The long-lived systems each case uses (see Context.release); the model cases' come from cases_model.needs.
-NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}}
+NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}, "shed": {"serve", "zbatch"}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -48,8 +48,18 @@ def test_worker_messages_round_trip() -> None:
     assert wire.decode_worker_message(wire.encode_ready(ready)) == ready
     heartbeat = Heartbeat({"m": BatchCounters(3, 40)})
     assert wire.decode_worker_message(wire.encode_heartbeat(heartbeat)) == heartbeat
+    busy = Heartbeat({"m": BatchCounters(3, 40, busy_ms=1234)})
+    assert wire.decode_worker_message(wire.encode_heartbeat(busy)) == busy
     assert wire.decode_worker_message(wire.encode_heartbeat()) == Heartbeat()
     assert wire.decode_worker_message(wire.encode_disconnect("bye")) == Disconnect("bye")
+
+
+def test_busy_time_is_optional_in_heartbeats_so_older_workers_stay_valid() -> None:
+    """An older worker sends no ``busy_ms``; a newer one leaves it out until its first batch has run."""
+    meta = msgpack.unpackb(wire.encode_heartbeat(Heartbeat({"m": BatchCounters(1, 2)}))[1])
+    assert meta == {"batches": {"m": {"batches": 1, "items": 2, "cancelled": 0, "expired": 0}}}
+    older = [wire.HEADERS[wire.Command.HEARTBEAT], msgpack.packb({"batches": {"m": {"batches": 1, "items": 2}}})]
+    assert wire.decode_worker_message(older) == Heartbeat({"m": BatchCounters(1, 2)})
 
 
 def test_ready_carries_what_the_dialects_need_to_know_about_a_model() -> None:
