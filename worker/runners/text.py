@@ -243,21 +243,41 @@ class TextRunner:
         check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS, self.spec.task)
         truncation = truncation_of(parameters)
         self._options(parameters)
-        limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
-        tokenizer = self._own_tokenizer()
-        with truncation_side(tokenizer, truncation.direction):
-            encoded = tokenizer(_texts(inputs), **limit)
-        keys = [key for key in encoded if key != "attention_mask"]
         results: list[Encoding | InputError] = []
-        for index in range(len(inputs)):
-            length = len(encoded["input_ids"][index])
-            if length > self.max_length:  # only untruncated
+        for encoding in self._tokenized(_texts(inputs), truncation):
+            if encoding.length > self.max_length:  # only untruncated
                 results.append(InputError(
-                    f"this input has {length} tokens and the model takes at most {self.max_length}: "
+                    f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
                     "shorten it, or let the model truncate it (parameter 'truncate': true)"))
             else:
-                results.append(Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys}))
+                results.append(encoding)
         return results
+
+    def _tokenized(self, texts: list[Any], truncation: Truncation) -> list[Encoding]:
+        """Each text (or pair) as the tokenizer encodes it without padding, truncated as asked.
+
+        A fast tokenizer is called directly (what transformers calls under its own Python, which costs more
+        than the encoding of a short text and holds the GIL meanwhile), with the settings transformers gives
+        it for ``tokenizer(texts, truncation=True, max_length=...)``; any other through transformers.
+        """
+        tokenizer = self._own_tokenizer()
+        backend = tokenizer.backend_tokenizer if tokenizer.is_fast else None
+        if backend is None:
+            limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
+            with truncation_side(tokenizer, truncation.direction):
+                encoded = tokenizer(texts, **limit)
+            keys = [key for key in encoded if key != "attention_mask"]
+            return [Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys})
+                    for index in range(len(texts))]
+        if truncation.enabled:
+            backend.enable_truncation(self.max_length, strategy="longest_first", direction=truncation.direction)
+        else:
+            backend.no_truncation()
+        backend.no_padding()
+        types = "token_type_ids" in tokenizer.model_input_names
+        return [Encoding({"input_ids": np.asarray(each.ids, dtype=np.int64),
+                          **({"token_type_ids": np.asarray(each.type_ids, dtype=np.int64)} if types else {})})
+                for each in backend.encode_batch(texts)]
 
     def plan(self, encodings: Sequence[Encoding | InputError], parameters: dict[str, Any]) -> Planned:
         """The length groups of a batch of encodings, padded; numpy only, never torch."""
