@@ -137,7 +137,7 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
-    variants = [("float32", "off"), ("float16", "off"), ("float16", "on")] if cuda else [("float32", "off")]
+    variants = [("float32", "off"), ("float16", "off"), ("float16", "auto")] if cuda else [("float32", "off")]
     outputs: dict[str, list[Any]] = {}
     reference = load_runner(ModelSpec("cpu", args.model, device="cpu"))
     sample = [*texts[:63], long_text]

@@ -22,7 +22,6 @@ import torch
 from scripts.benchmarks.texts import WORDS, shuffled
 from worker.runners import ModelSpec, default_model_path, load_runner
 from worker.runners.embeddings import EmbeddingRunner
-from worker.runners.graphs import AUTO_MAX_ROWS
 from zbatch import testing
 from zbatch.client import AsyncClient
 
@@ -66,11 +65,11 @@ def test_every_batch_runs_in_a_warmed_bucket(on_cuda: EmbeddingRunner) -> None:
             assert arrays["input_ids"].shape in shapes
 
 
-def test_graphs_are_captured_for_small_batches_and_answer_as_the_eager_pass(on_cuda: EmbeddingRunner,
+def test_graphs_are_captured_for_every_bucket_and_answer_as_the_eager_pass(on_cuda: EmbeddingRunner,
                                                                            reference: list[object]) -> None:
     graphs = on_cuda._graphs
     assert graphs is not None and on_cuda.buckets is not None
-    assert graphs.shapes == sorted(shape for shape in on_cuda.buckets.shapes() if shape[0] <= AUTO_MAX_ROWS)
+    assert graphs.shapes == sorted(on_cuda.buckets.shapes())
     small = TEXTS[:8]
     graphed = on_cuda.run(small, {})
     saved, on_cuda._graphs = on_cuda._graphs, None

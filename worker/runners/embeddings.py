@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.runners.graphs import AUTO_MAX_ROWS, GraphedPooling, graphable
+from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.packing import packer_for
 from worker.runners.spec import InputError, ModelSpec
 from worker.runners.text import TextRunner, flag, model_max_length
@@ -59,9 +59,7 @@ class EmbeddingRunner(TextRunner):
         """Warm every shape up eagerly, then capture the CUDA graphs (:mod:`worker.runners.graphs`)."""
         super().warm_up()
         if self._graphs is not None and self.buckets is not None:
-            every = self.spec.cuda_graphs == "on"
-            self._graphs.capture([(rows, length) for rows, length in self.buckets.shapes()
-                                  if every or rows <= AUTO_MAX_ROWS])
+            self._graphs.capture(self.buckets.shapes())
 
     def _options(self, parameters: dict[str, Any]) -> EmbeddingOptions:
         dimensions = parameters.get("dimensions")
