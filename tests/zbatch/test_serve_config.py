@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from zbatch.client import AsyncClient
 from zbatch.client.aio import REPLY_GRACE_MS
 from zbatch.supervisor import stack
 from zbatch.supervisor.config import ServeConfig, load_config
-from zbatch.supervisor.gpus import check_gpus, gpu_devices, visible_gpus
+from zbatch.supervisor.gpus import check_gpus, gpu_devices, visible_gpus, workers_per_gpu
 from zbatch.supervisor.policy import STOP_MARGIN_S
 from zbatch.testing import ROOT, daemon_env
 
@@ -71,10 +72,12 @@ def test_the_stack_has_its_brokers_workers_and_gateway_in_order() -> None:
 
 
 def test_on_a_host_with_gpus_each_gets_its_workers_pinned_to_it() -> None:
-    built = stack.build(ServeConfig(), {"CUDA_VISIBLE_DEVICES": "0,1"})
+    built = stack.build(load_config(["--workers-per-gpu", "2"], {}), {"CUDA_VISIBLE_DEVICES": "0,1"})
     workers = [built.programs[unit.name].argv for unit in built.units if unit.group == "worker"]
     assert [argv[argv.index("--device") + 1] for argv in workers] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
     assert all(argv[argv.index("--workers") + 1] == "4" for argv in workers)  # they share the host's cores
+    auto = stack.worker_devices(ServeConfig(), {"CUDA_VISIBLE_DEVICES": "0"})
+    assert auto == ["cuda:0"] * workers_per_gpu(os.cpu_count() or 1, 1)
     three = stack.worker_devices(load_config(["--workers-per-gpu", "3", "--gpus", "1"], {}), {})
     assert three == ["cuda:1"] * 3
 
@@ -88,6 +91,12 @@ def test_on_a_host_with_gpus_each_gets_its_workers_pinned_to_it() -> None:
 def test_workers_run_on_the_cpu_without_gpus_or_when_told(argv: list[str], environ: dict[str, str],
                                                          devices: list[str]) -> None:
     assert stack.worker_devices(load_config(argv, {}), environ) == devices
+
+
+def test_the_default_is_one_worker_for_every_four_cores_a_gpu_has_from_one_to_four() -> None:
+    assert workers_per_gpu(16, 1) == 4  # an H200 host: 4 served most (BENCHMARKS.md, GPU)
+    assert workers_per_gpu(64, 8) == 2 and workers_per_gpu(128, 8) == 4 and workers_per_gpu(256, 2) == 4
+    assert workers_per_gpu(2, 1) == 1 and workers_per_gpu(8, 4) == 1 and workers_per_gpu(0, 0) == 1
 
 
 def test_gpus_are_counted_as_cuda_will_number_them() -> None:

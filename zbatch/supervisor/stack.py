@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from zbatch.client.aio import REPLY_GRACE_MS
 from zbatch.runtime.settings import CONFIG_ENV, env_name
 from zbatch.supervisor.config import ServeConfig
-from zbatch.supervisor.gpus import gpu_devices
+from zbatch.supervisor.gpus import gpu_devices, workers_per_gpu
 from zbatch.supervisor.policy import STOP_MARGIN_S, Unit
 from zbatch.supervisor.shell import Program
 
@@ -82,7 +82,8 @@ def worker_devices(config: ServeConfig, environ: Mapping[str, str]) -> list[str]
     devices = gpu_devices(gpus, environ)
     if not devices:
         return [""] * config.workers
-    return [device for device in devices for _ in range(config.workers_per_gpu)]
+    per_gpu = config.workers_per_gpu or workers_per_gpu(os.cpu_count() or 1, len(devices))
+    return [device for device in devices for _ in range(per_gpu)]
 
 
 def daemon_setting(section: str, name: str, default: int, environ: Mapping[str, str],
