@@ -124,9 +124,9 @@ class Lateness:
     """How much later than predicted a model's answers come: the largest lateness seen, fading with time.
 
     A maximum, not a mean: a prediction that is right on average is late for half the requests at the
-    margin.  It fades slowly (``LATENESS_WINDOW_S``) because a host's pace swings back: on this project's
-    shared 2-core host a 5 s fade let 7 of 45 admitted requests of the shed bench end late, a 30 s fade
-    3 of 40, and a fade by a hundredth an answer 22 of 89.
+    margin.  It fades slowly (``LATENESS_WINDOW_S``) because a host's pace swings back and forth: a
+    lateness forgotten between two swings lets the next one make admitted requests late (BENCHMARKS.md,
+    Shedding by time).
     """
 
     seconds: float = 0.0
