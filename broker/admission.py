@@ -112,20 +112,21 @@ def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: Model
     ahead = model.ahead_of(request.priority)
     if not ahead:
         return None
-    wait_s = model.predicted_wait_s(request.priority, request.items, now)
-    if wait_s is None or model.rate is None:
+    rate = model.rate
+    if rate is None:
         cold = share(limits.cold_backlog, request.priority, reserve)
         if model.backlog_items + request.items <= cold:
             return None
         return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no measured "
                           f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
                           "items waiting; retry later")
+    wait_s = (ahead + request.items) / rate + model.lateness.now(now)  # ModelState.predicted_wait_s, inlined
     allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve)
     if wait_s <= allowed_s:
         return None
     bound = "its deadline" if allowed_s * 1000 >= timeout_ms else "the longest wait allowed"
     return overloaded(f"model {request.model!r} would answer this request in about {wait_s:.2f} s "
-                      f"({ahead} items ahead of it at {model.rate:.0f} items/s), past {bound} ({allowed_s:.2f} s "
+                      f"({ahead} items ahead of it at {rate:.0f} items/s), past {bound} ({allowed_s:.2f} s "
                       f"at priority {request.priority}); retry later", retry_after(wait_s - allowed_s))
 
 

@@ -467,6 +467,7 @@ class BrokerCore:
             self._forget(job)
             return
         job.deaths += died
+        job.expected = 0.0  # a retry's wait says nothing of the prediction
         if blamed:
             self._answer(job, Status.WORKER_ERROR, f"the workers running this request died {job.deaths} times, "
                          "the last one running it alone; it looks like an input the model cannot survive, so it "
@@ -521,6 +522,7 @@ class BrokerCore:
                       request_id=job.trace)
         job.strays += 1
         job.avoid = worker.identity
+        job.expected = 0.0  # a retry's wait says nothing of the prediction
         others = any(identity != worker.identity for identity in self.models[job.model].workers)
         if job.deaths + job.strays > self.config.max_retries or not others:
             why = "the retry budget is spent" if others else "no other worker serves the model"

@@ -54,8 +54,7 @@ from dataclasses import dataclass
 from zbatch.protocol.wire import BatchCounters
 
 WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
-LATENESS_FADE_PER_ANSWER = 0.01  # each answer fades the lateness seen before it by this much
-LATENESS_WINDOW_S = 60.0  # and the clock by 1/e over this long, for a model whose answers are few
+LATENESS_WINDOW_S = 30.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
 MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
 
@@ -122,19 +121,19 @@ class ServiceRate:
 
 @dataclass(slots=True)
 class Lateness:
-    """How much later than predicted a model's answers come: the largest lateness seen, fading by a
-    hundredth with each answer after it, and with time while answers are few.
+    """How much later than predicted a model's answers come: the largest lateness seen, fading with time.
 
-    Close to the 99th percentile of the last hundred or so answers, whatever their rate: a mean would
-    leave half the requests at the margin late, and a maximum over a fixed time would let one outlier
-    among thousands of a fast model's answers shorten every wait.
+    A maximum, not a mean: a prediction that is right on average is late for half the requests at the
+    margin.  It fades slowly (``LATENESS_WINDOW_S``) because a host's pace swings back and forth: a
+    lateness forgotten between two swings lets the next one make admitted requests late (BENCHMARKS.md,
+    Shedding by time).
     """
 
     seconds: float = 0.0
     at: float = 0.0
 
     def observe(self, late_s: float, now: float) -> None:
-        self.seconds = max(late_s, self.now(now) * (1 - LATENESS_FADE_PER_ANSWER))
+        self.seconds = max(late_s, self.now(now))
         self.at = now
 
     def now(self, now: float) -> float:

@@ -53,6 +53,12 @@ ACCELERATOR = "zbatch gateway, simulated accelerator"
 PROBE_RATE = 50.0  # requests/s the probe sends during a storm
 
 
+def grace_s(ctx: Context) -> float:
+    """How long answers are waited for after the window: past the deadline, since the broker admits
+    whatever it predicts to answer within it (a request still waiting then is really unanswered)."""
+    return max(ctx.settings.overload_grace_s, GatewayConfig.timeout_ms / 1000 + 5)
+
+
 async def capacity(ctx: Context, case: str, url: str) -> float:
     """req/s of ``case`` at concurrency 32 in this run, measured now (once) if that case did not run."""
     found = ctx.find(case, concurrency=CAPACITY_CONCURRENCY)
@@ -79,7 +85,7 @@ async def _overload(ctx: Context, system: str, url: str, measured: float) -> dic
     rate = OVERLOAD_FACTOR * measured
     procs.log(f"overload: {system}: {rate:.0f} req/s offered (4 x {measured:.0f}) for {s.overload_s:.0f} s")
     async with http_session(limit=4096) as session:
-        return await open_loop(http_call(session, url, shuffled()), rate, s.overload_s, s.overload_grace_s)
+        return await open_loop(http_call(session, url, shuffled()), rate, s.overload_s, grace_s(ctx))
 
 
 def _overload_row(system: str, result: dict[str, Any], measured: float, **detail: Any) -> dict[str, Any]:
@@ -117,7 +123,7 @@ async def _storm(ctx: Context, url: str, measured: float, daemons: Daemons
     try:
         async with http_session(limit=0) as session:
             result = await closed_loop(http_call(session, url, shuffled()), STORM_CLIENTS, s.warmup_s, s.overload_s,
-                                       s.overload_grace_s, retry_on=REFUSED, watch=daemons.pids())
+                                       grace_s(ctx), retry_on=REFUSED, watch=daemons.pids())
         probe = await probing
     finally:
         probing.cancel()

@@ -43,7 +43,7 @@ def test_overload_is_retried_with_backoff_when_asked(log_dir: Path) -> None:
         without = asyncio.run(burst(0))
         with_retries = asyncio.run(burst(100))
     assert any(isinstance(r, Overloaded) for r in without)
-    assert all(isinstance(r, list) for r in with_retries)
+    assert all(isinstance(r, list) for r in with_retries), with_retries
 
 
 def test_the_breaker_refuses_here_only_what_the_broker_would_refuse(log_dir: Path) -> None:

@@ -64,3 +64,26 @@ def test_an_answer_the_client_cannot_use_ends_its_request_at_once(status: str, c
         done.set()
     assert not isinstance(error, BrokerUnavailable), error  # that would be the 60 s timeout
     assert complaint in str(error)
+
+
+def test_a_request_still_waiting_for_its_connection_is_refused_here_once_the_breaker_covers_it() -> None:
+    """No broker listens, so the request's sends fail while the connection is tried; meanwhile another request
+    of the same size is refused by the broker (its verdict recorded here as the client records it).  The
+    waiting request gets that overloaded answer at once, not BrokerUnavailable at the connect timeout."""
+    from zbatch.testing import free_port
+
+    async def scenario() -> tuple[wire.Reply, float]:
+        async with AsyncClient(f"tcp://127.0.0.1:{free_port()}", connect_timeout_ms=5_000) as client:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            waiting = asyncio.create_task(client.request("m", b"", items=32, timeout_ms=5_000))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            assert client._breaker is not None
+            client._breaker.refused((0, "m"), 32, 5_000, wire.NORMAL_PRIORITY, retry_after_ms=800)
+            reply = await waiting
+            return reply, loop.time() - started
+
+    reply, elapsed_s = asyncio.run(scenario())
+    assert reply.status is wire.Status.OVERLOADED and 0 < (reply.retry_after_ms or 0) <= 800
+    assert elapsed_s < 1.0  # the next send attempt, 5 ms on, not the 5 s connect timeout

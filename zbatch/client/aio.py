@@ -263,12 +263,13 @@ class AsyncClient:
                         (index, request.model), request.items, pending.timeout_ms, request.priority)) is not None:
                     wait_ms.append(ms)
                     continue
-                pending.broker = index
                 if self._try_send(index, frames):
+                    pending.broker = index
                     self._pending[request.request_id] = pending
                     self.brokers[index].outstanding += request.items
                     return None
-            if wait_ms and pending.broker < 0:
+            # Every broker would refuse it; or those that would not cannot be reached, and the others would.
+            if len(wait_ms) == len(candidates) or (wait_ms and time.monotonic() >= give_up_at):
                 return self._refused_here(request, min(wait_ms))
             if time.monotonic() >= give_up_at:
                 raise BrokerUnavailable(self._nowhere_text())
