@@ -1,7 +1,7 @@
 """The Kubernetes manifests in scripts/kubernetes: valid for the API server, and true to the daemons.
 
 Each pod's container is started on paper: its volumes are laid out in a folder (the ConfigMap from
-zbatch.toml, the Secrets as the README's commands make them, empty folders for the rest), its
+zbatch.toml, the Secrets as the Kubernetes page's commands make them, empty folders for the rest), its
 env is expanded as the kubelet does, and its daemon's ``load_config`` reads its args and env. What
 the daemons load is then held against the probes, Services, grace periods and autoscalers.
 """
@@ -42,7 +42,7 @@ from zbatch.runtime.settings import CONFIG_ENV, env_name, split_endpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "scripts" / "kubernetes"
-README = (ROOT / "README.md").read_text()
+PAGE = (ROOT / "docs" / "deployment" / "kubernetes.md").read_text()  # the page with its commands
 # The release whose schemas the manifests are held to; they need 1.30 or later, where the gateway's
 # preStop sleep action is on by default.
 KUBERNETES_VERSION = "1.31.0"
@@ -152,14 +152,14 @@ for arg in args[4:]:
 
 
 def readme_block(marker: str) -> str:
-    blocks = [block for block in re.findall(r"```sh\n(.*?)```", README, re.DOTALL) if marker in block]
-    assert len(blocks) == 1, f"one sh block of the README with {marker!r}"
+    blocks = [block for block in re.findall(r"```sh\n(.*?)```", PAGE, re.DOTALL) if marker in block]
+    assert len(blocks) == 1, f"one sh block of the Kubernetes page with {marker!r}"
     return str(blocks[0])
 
 
 @pytest.fixture(scope="module")
 def secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The README's key commands, run with kubectl recording each Secret as a folder of its files."""
+    """The Kubernetes page's key commands, run with kubectl recording each Secret as a folder of its files."""
     work = tmp_path_factory.mktemp("keys")
     bin_dir = work / "bin"
     bin_dir.mkdir()
@@ -459,7 +459,7 @@ def test_the_gpu_worker_has_its_gpu_its_threads_and_an_offline_model(configs: Ca
         [mount] = [m for m in container["volumeMounts"] if worker.model_path.endswith(f"{m['mountPath']}/{model}")]
         assert mount["readOnly"] is True
         assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-        assert f"zbatch-model-loader:{mount['mountPath']}/{model}" in README, "the README copies it where it is read"
+        assert f"zbatch-model-loader:{mount['mountPath']}/{model}" in PAGE, "the page copies it where it is read"
         assert model in gateway_config(configs).required_models
 
 

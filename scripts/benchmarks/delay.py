@@ -8,7 +8,7 @@ sizes the worker ran.  The worker, broker and policy are the real ones; only
 the model is replaced by :class:`SleepRunner`, which costs a fixed time per
 batch plus a little per item, like a GPU, and uses no CPU.  Not a case of
 ``scripts/bench``: it answers an operator's question (how long a delay does
-a GPU host need?), and the answer is in the README.
+a GPU host need?), and the answer is in docs/deployment/gpu-hosts.md.
 
 With ``--tokenize`` the simulated model takes real texts through the real
 tokenizer of the bundled model first (:class:`TokenizingSleepRunner`, a text

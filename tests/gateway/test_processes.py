@@ -145,7 +145,7 @@ def test_a_killed_process_is_restarted_while_the_other_serves(gateway: Callable[
             status, pid, _ = request(daemon, "GET", "/healthz")
         except ConnectionResetError:
             # Queued for the killed process in the instant before its socket closed: the kernel resets it
-            # (unless net.ipv4.tcp_migrate_req=1 moves it to the other process: README, Gateway processes).
+            # (unless net.ipv4.tcp_migrate_req=1 moves it to the other process: docs/deployment/gateway-processes.md).
             return False
         assert status == 200, "the port keeps answering"
         seen.add(pid)

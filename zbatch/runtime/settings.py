@@ -269,8 +269,8 @@ def check_exposure(endpoints: Mapping[str, str | Sequence[str]], *, curve: bool,
         for endpoint in split_endpoints(value):
             if not is_loopback_endpoint(endpoint):
                 return (f"{name} {endpoint} is not a loopback address and CURVE is off: nothing sent there would "
-                        f"be encrypted and anyone who reaches it would be trusted; configure CURVE (README, "
-                        f"Security) or, on a network you trust, give --insecure (ZBATCH_INSECURE=true)")
+                        f"be encrypted and anyone who reaches it would be trusted; configure CURVE (docs/security.md) "
+                        f"or, on a network you trust, give --insecure (ZBATCH_INSECURE=true)")
     return None
 
 
