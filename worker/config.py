@@ -42,7 +42,7 @@ class WorkerConfig:
                           "(GPUs, other tasks, dtypes other than float32); torch; onnx: ONNX Runtime or no start",
                           choices=RUNTIMES)
     quantize: str = option("none", "int8: ONNX Runtime's dynamic int8 quantization of the weights, kept only where "
-                           "its outputs stay at cosine >= 0.99 to torch's (faster on the CPU, not equal)",
+                           "its outputs stay at cosine >= 0.98 to torch's (close to float32, not equal)",
                            choices=QUANTIZE)
     onnx_cache: str = option("", "folder of the exported ONNX graphs, shared by the workers that start together "
                              "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")

@@ -64,7 +64,7 @@ def make_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3  # errors only: its warnings about the graph are for the exporter
+    options.log_severity_level = 4  # fatal only: a failing run raises, and the worker says why
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
