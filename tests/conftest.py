@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,19 +9,6 @@ import pytest
 
 from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wait_for_worker
 from worker.runners import DEFAULT_MODEL_NAME
-
-
-@pytest.fixture(scope="session", autouse=True)
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One ONNX export cache for the session (the workers it starts inherit it), never the user's own."""
-    folder = tmp_path_factory.mktemp("onnx-cache")
-    previous = os.environ.get("ZBATCH_ONNX_CACHE")
-    os.environ["ZBATCH_ONNX_CACHE"] = str(folder)
-    yield folder
-    if previous is None:
-        os.environ.pop("ZBATCH_ONNX_CACHE", None)
-    else:
-        os.environ["ZBATCH_ONNX_CACHE"] = previous
 
 
 @pytest.fixture(scope="session")
