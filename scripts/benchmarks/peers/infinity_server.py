@@ -31,8 +31,10 @@ def main(engine: str = "torch") -> None:
     from infinity_emb.infinity_server import create_server
 
     torch.set_num_threads(TORCH_THREADS)
+    # the optimum engine reads no sentence-transformers modules: it is told the model's mean pooling
+    pooling = {"pooling_method": "mean"} if engine == "optimum" else {}
     engine = EngineArgs(model_name_or_path=args.model, served_model_name=MODEL_NAME, batch_size=MAX_BATCH,
-                        engine=engine, device="cpu", dtype="float32", bettertransformer=False)
+                        engine=engine, device="cpu", dtype="float32", bettertransformer=False, **pooling)
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     uvicorn.run(create_server(engine_args_list=[engine]), host="127.0.0.1", port=args.port, log_level="warning",
                 http="httptools", loop="uvloop")
