@@ -1,21 +1,50 @@
 """Admission: whether the broker takes a request, in the order of PROTOCOL.md section 6.1.
 
-Pure functions of the request, the model's backlog and the limits; the core
-calls :func:`refusal` for every REQUEST and answers the refusal it returns.
-A refusal that can never turn into an admission (a request larger than the
-limit of its priority) is ``bad_request``; one that can, once the backlog
-drains, is ``overloaded`` with a hint of when to retry.
+Pure functions of the request, the model's state and the limits; the core
+calls them for every REQUEST and answers the refusal they return.
+
+The rule is in units of time.  A request is refused only when the broker
+predicts it would not be answered within its own deadline (or within the
+model's ``max_queue_ms``, if set)::
+
+    predicted wait = (items ahead of it + its own items) / the model's service rate + lateness
+
+* *Items ahead* are the items on the model's workers and those waiting at
+  the request's priority or higher (:meth:`ModelState.ahead_of`): a
+  high-priority request waits behind less work.  Low priority may use only
+  ``1 - priority_reserve`` of its deadline, so that it is refused first and
+  keeps room for the higher classes that overtake it while it waits.
+* The *service rate* is the sum of the rates the model's workers measure with
+  their batch times (:mod:`broker.rates`).
+* *Lateness* is how much later than that the model's answers have come
+  lately (:class:`broker.rates.Lateness`): what busy time does not see.
+* A refusal is ``overloaded`` with ``retry_after_ms``: how long the items
+  ahead take, at that rate, to drain enough for this request to fit.
+* A model with nothing ahead admits any request: a wait that is only the
+  request's own work is what it asked for, and the prediction is not worth a
+  refusal there.  So an ``overloaded`` can always turn into an admission.
+* Before any worker has measured a rate (a model's first second or so of
+  work, or workers that do not report busy time), admission counts instead:
+  at most ``cold_backlog`` items waiting (at normal priority).
+
+Items and payload bytes stay bounded too (``max_backlog``,
+``max_backlog_bytes``): those bound the broker's memory, with defaults
+meant not to bind before time does.  A request larger than those bounds of
+its priority could never be admitted: ``bad_request``.  For the counts, the
+priority reserve gives low priority a smaller share and high priority a
+larger one (:func:`share`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from broker.limits import ModelLimits
 from broker.state import ModelState
-from zbatch.protocol.wire import NORMAL_PRIORITY, Request, Status
+from zbatch.protocol.wire import LOW_PRIORITY, MAX_RETRY_AFTER_MS, NORMAL_PRIORITY, Request, Status
 
-RETRY_AFTER_MS = 1_000  # the hint sent with every "overloaded" answer
+RETRY_AFTER_MS = 1_000  # the hint of an "overloaded" that no rate can time: draining, a full connection, a cold model
 MAX_MODELS_NAMED = 10  # an "unknown model" answer lists at most this many known models
 
 
@@ -23,10 +52,11 @@ MAX_MODELS_NAMED = 10  # an "unknown model" answer lists at most this many known
 class Refusal:
     status: Status
     message: str
+    retry_after_ms: int | None = None
 
-    @property
-    def retry_after_ms(self) -> int | None:
-        return RETRY_AFTER_MS if self.status is Status.OVERLOADED else None
+
+def overloaded(message: str, retry_after_ms: int = RETRY_AFTER_MS) -> Refusal:
+    return Refusal(Status.OVERLOADED, message, retry_after_ms)
 
 
 def share(limit: int, priority: int, reserve: float) -> int:
@@ -54,23 +84,58 @@ def unknown_model(name: str, known: list[str]) -> Refusal:
     return Refusal(Status.UNKNOWN_MODEL, f"no worker serves model {name!r} (models: {named}{more})")
 
 
-def backlog_full(request: Request, model: ModelState | None, limits: ModelLimits, reserve: float) -> Refusal | None:
-    """The model's waiting items, or the payload bytes held for it (waiting or on workers), would pass the
-    limits of the request's priority."""
-    if model is None:
-        return None
-    items = share(limits.max_backlog, request.priority, reserve)
-    size = share(limits.max_backlog_bytes, request.priority, reserve)
-    if model.backlog_items + request.items > items or model.held_bytes + len(request.payload) > size:
-        return Refusal(Status.OVERLOADED, f"model {request.model!r} has {model.backlog_items} items waiting and "
-                                          f"holds {model.held_bytes} payload bytes; the limit at priority "
-                                          f"{request.priority} is {items} items and {size} bytes; retry later")
-    return None
-
-
 def client_saturated(unanswered: int, limit: int) -> Refusal | None:
     """One connection may hold at most ``limit`` unanswered requests."""
     if unanswered < limit:
         return None
-    return Refusal(Status.OVERLOADED, f"this connection has {unanswered} requests unanswered, the most the broker "
-                                      "holds for one connection; wait for some answers, or open another connection")
+    return overloaded(f"this connection has {unanswered} requests unanswered, the most the broker holds for one "
+                      "connection; wait for some answers, or open another connection")
+
+
+def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserve: float) -> Refusal | None:
+    """The model's waiting items, or the payload bytes held for it (waiting or on workers), would pass the
+    bounds of the request's priority."""
+    items = share(limits.max_backlog, request.priority, reserve)
+    size = share(limits.max_backlog_bytes, request.priority, reserve)
+    if model.backlog_items + request.items <= items and model.held_bytes + len(request.payload) <= size:
+        return None
+    excess = max(model.backlog_items + request.items - items, 0)
+    retry_ms = RETRY_AFTER_MS if model.rate is None or not excess else retry_after(excess / model.rate)
+    return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and holds "
+                      f"{model.held_bytes} payload bytes; the memory bounds at priority {request.priority} are "
+                      f"{items} items and {size} bytes; retry later", retry_ms)
+
+
+def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits, reserve: float,
+             now: float) -> Refusal | None:
+    """The time rule (see the module's docstring); with no rate measured yet, the cold count."""
+    ahead = model.ahead_of(request.priority)
+    if not ahead:
+        return None
+    wait_s = model.predicted_wait_s(request.priority, request.items, now)
+    if wait_s is None or model.rate is None:
+        cold = share(limits.cold_backlog, request.priority, reserve)
+        if model.backlog_items + request.items <= cold:
+            return None
+        return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no measured "
+                          f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
+                          "items waiting; retry later")
+    allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve)
+    if wait_s <= allowed_s:
+        return None
+    bound = "its deadline" if allowed_s * 1000 >= timeout_ms else "the longest wait allowed"
+    return overloaded(f"model {request.model!r} would answer this request in about {wait_s:.2f} s "
+                      f"({ahead} items ahead of it at {model.rate:.0f} items/s), past {bound} ({allowed_s:.2f} s "
+                      f"at priority {request.priority}); retry later", retry_after(wait_s - allowed_s))
+
+
+def allowed_wait_s(priority: int, timeout_ms: int, limits: ModelLimits, reserve: float) -> float:
+    """The longest predicted wait a request may be admitted with: its deadline or ``max_queue_ms``,
+    whichever is shorter, less the priority reserve for low priority."""
+    bound_ms = min(timeout_ms, limits.max_queue_ms) if limits.max_queue_ms else timeout_ms
+    return bound_ms / 1000 * (1 - reserve if priority == LOW_PRIORITY else 1)
+
+
+def retry_after(seconds: float) -> int:
+    """A wait as ``retry_after_ms``: rounded up, at least 1 ms, at most the protocol's limit."""
+    return min(MAX_RETRY_AFTER_MS, max(1, math.ceil(round(seconds * 1000, 6))))  # 1.1 - 1.0 is 100 ms, not 101

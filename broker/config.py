@@ -22,12 +22,25 @@ class BrokerConfig:
     backend: str = option(
         "tcp://127.0.0.1:5556", "ZeroMQ endpoint workers connect to", check=check_endpoint
     )
-    max_backlog: int = option(256, "items waiting per model before new requests are refused (503)", minimum=1)
+    max_queue_ms: int = option(
+        0, "longest predicted wait for an answer at which a request is still admitted; 0: only the request's own "
+        "deadline bounds it (a longer predicted wait is refused, 503)", minimum=0,
+    )
+    cold_backlog: int = option(
+        512, "items waiting per model before new requests are refused (503) while no worker has measured the "
+        "model's service rate yet (its first second or so of work)", minimum=1,
+    )
+    max_backlog: int = option(
+        262_144, "memory bound: items waiting per model before new requests are refused (503), whatever the time",
+        minimum=1,
+    )
     max_backlog_bytes: int = option(
-        128 * 1024 * 1024, "payload bytes waiting per model before new requests are refused (503)", minimum=1024
+        128 * 1024 * 1024, "memory bound: payload bytes held per model before new requests are refused (503)",
+        minimum=1024,
     )
     priority_reserve: float = option(
-        0.25, "share of max_backlog by which low priority is refused earlier and high priority later",
+        0.25, "share of the deadline (and of the counts) by which low priority is refused earlier; high priority "
+        "may use that share more of the counts",
         minimum=0, check=lambda v: None if v < 1 else "must be below 1 (low priority needs some room)",
     )
     timeout_ms: int = option(30_000, "deadline of a request that does not set one", minimum=1)
@@ -40,7 +53,8 @@ class BrokerConfig:
     max_retries: int = option(1, "times a request is re-dispatched after its worker died", minimum=0)
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long in-flight work may take to finish", minimum=0)
     model_limits: str = option(
-        "", "per-model limits 'name=M,max_backlog=N,timeout_ms=N,max_timeout_ms=N' separated by ';'",
+        "", "per-model limits 'name=M,max_queue_ms=N,cold_backlog=N,max_backlog=N,max_backlog_bytes=N,timeout_ms=N,"
+        "max_timeout_ms=N' separated by ';'",
         check=check_model_limits,
     )
     models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
@@ -74,9 +88,11 @@ class BrokerConfig:
 
     def core_settings(self) -> CoreSettings:
         """The part of this configuration the routing core uses, with per-model limits parsed."""
-        defaults = ModelLimits(self.max_backlog, self.max_backlog_bytes, self.timeout_ms, self.max_timeout_ms)
+        defaults = ModelLimits(self.max_backlog, self.max_backlog_bytes, self.timeout_ms, self.max_timeout_ms,
+                               self.max_queue_ms, self.cold_backlog)
         return CoreSettings(
             max_backlog=self.max_backlog, max_backlog_bytes=self.max_backlog_bytes,
+            max_queue_ms=self.max_queue_ms, cold_backlog=self.cold_backlog,
             priority_reserve=self.priority_reserve, timeout_ms=self.timeout_ms,
             max_timeout_ms=self.max_timeout_ms, no_worker_grace_ms=self.no_worker_grace_ms,
             heartbeat_ms=self.heartbeat_ms, heartbeat_liveness=self.heartbeat_liveness,

@@ -31,8 +31,10 @@ stuck), the input is the likely cause and the job is answered "worker
 error".  A worker that merely goes silent (its host or network is gone)
 says nothing about the input: the job is retried while the budget lasts.
 
-Shedding is decided first, at admission (:mod:`broker.admission`), by
-counting items and payload bytes: nothing is queued past the model's limits.
+Shedding is decided first, at admission (:mod:`broker.admission`), in units
+of time: a request is refused when the work ahead of it, at the service rate
+its model's workers measure (:mod:`broker.rates`), would pass its deadline;
+items and payload bytes are counted too, as bounds on memory.
 Credit is counted in items: a worker announces its capacity in READY, each
 dispatched request takes its items, each REPLY gives them back.  A request
 that is answered early (deadline, cancel) keeps its worker's credit until
@@ -40,6 +42,12 @@ that worker replies or is declared dead, so the broker never overfills a
 worker; its payload is let go at once.  A worker still holding a request
 ``OVERDUE_S`` after the request's deadline is removed as stuck (the sweep
 every ``SWEEP_EVERY_S`` finds it).
+
+A worker must not answer with a status only the broker may give, nor
+``cancelled`` unasked (``STRAYS``): that work was not done, and the worker is
+at fault, not the input.  The job goes back to the head of its backlog, for
+another worker, charging its retry budget; with the budget spent, or no
+other worker for its model, it is answered ``worker_lost`` naming the worker.
 
 Memory is bounded by configuration: backlogs in items and bytes, unanswered
 requests per client connection, models per worker (at decode), and models
@@ -67,6 +75,7 @@ from typing import Any
 from broker import admission, stats
 from broker.admission import Refusal
 from broker.limits import ModelLimits
+from broker.rates import ServiceRate
 from broker.state import Job, ModelState, WorkerState
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import (
@@ -97,14 +106,18 @@ FORGET_MODEL_S = 300.0  # a model nobody serves or waits for is forgotten this l
 MAX_WORKERLESS_MODELS = 1_024  # past this many, the oldest idle workerless models are forgotten at once
 SWEEP_EVERY_S = 10.0  # how often overdue workers and idle models are looked for
 CRASHES = frozenset({"disconnected", "unreachable", "restarted"})  # removals that may be a job's doing
+# Statuses a worker may not answer with (cancelled: unless the broker cancelled): the work was not done.
+STRAYS = frozenset({Status.CANCELLED, Status.OVERLOADED, Status.UNKNOWN_MODEL, Status.NO_WORKER, Status.WORKER_LOST})
 
 
 @dataclass(frozen=True, slots=True)
 class CoreSettings:
     """What the core needs to know of the broker's configuration (built by ``BrokerConfig.core_settings``)."""
 
-    max_backlog: int = 256
+    max_backlog: int = 262_144
     max_backlog_bytes: int = 128 * 1024 * 1024
+    max_queue_ms: int = 0
+    cold_backlog: int = 512
     priority_reserve: float = 0.25
     timeout_ms: int = 30_000
     max_timeout_ms: int = 60_000
@@ -140,7 +153,7 @@ class BrokerCore:
         # Job ids carry a random epoch so a restarted broker never reuses ids a worker still holds.
         self._epoch = os.urandom(4)
         self._default_limits = ModelLimits(config.max_backlog, config.max_backlog_bytes, config.timeout_ms,
-                                           config.max_timeout_ms)
+                                           config.max_timeout_ms, config.max_queue_ms, config.cold_backlog)
         self._told_to_register: dict[bytes, float] = {}
         self._workerless: dict[str, None] = {}  # models whose last worker left, oldest first
         self._next_heartbeat = self.started_at
@@ -184,21 +197,36 @@ class BrokerCore:
         if isinstance(message, Reply):
             self._worker_reply(worker, message, frames)
         elif isinstance(message, Heartbeat):
-            # Counters only for the models it serves: other names would pile up.
-            worker.batches.update((name, counters) for name, counters in message.batches.items()
-                                  if name in worker.ready_models)
-            if message.capacity is not None and message.capacity != worker.capacity:
-                worker.capacity = message.capacity  # its share of a worker of several brokers
-                self._dispatch_to(worker)
+            self._worker_heartbeat(worker, message)
         elif isinstance(message, Drain):
             # Ordered delivery makes the acknowledgement a promise: no REQUEST follows it.
             worker.draining = True
+            self._measure_rates(worker)
             self.outbox.append((Peer.WORKER, identity, wire.encode_drain()))
             log.info("worker %s (%s) is draining %d request(s)", identity.hex(), worker.ready.name,
                      len(worker.in_flight))
         elif isinstance(message, Disconnect):
             self.remove_worker(identity, "disconnected", f"({message.reason or 'no reason given'})",
                                died=not worker.draining)
+
+    def _worker_heartbeat(self, worker: WorkerState, message: Heartbeat) -> None:
+        # Counters only for the models it serves: other names would pile up.
+        now = self.clock()
+        for name, counters in message.batches.items():
+            if name in worker.ready_models:
+                worker.batches[name] = counters
+                since = self.models[name].backlogged_since
+                worker.rates.setdefault(name, ServiceRate()).heartbeat(counters, now, since)
+        if message.capacity is not None:
+            worker.shared = True  # a worker of several brokers: this one gets its part of it
+            if message.capacity != worker.capacity:
+                worker.capacity = message.capacity
+                self._dispatch_to(worker)
+        self._measure_rates(worker)
+
+    def _measure_rates(self, worker: WorkerState) -> None:
+        for name in worker.models:
+            self.models[name].measure_rate()
 
     def _ask_to_register(self, identity: bytes) -> None:
         """A worker we forgot (expired, or the broker restarted) must send READY again.
@@ -280,8 +308,7 @@ class BrokerCore:
         model = self.models.get(request.model)
         if model is None:
             model = self.models[request.model] = ModelState(request.model)
-        limits = self.limits_for(request.model)
-        timeout_ms = min(request.timeout_ms or limits.timeout_ms, limits.max_timeout_ms)
+        timeout_ms = self._timeout_ms(request)
         job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
         job = Job(job_id, client, request.request_id, request.model, request.items,
                   request.payload, now, now + timeout_ms / 1000, request.priority, request.trace)
@@ -289,6 +316,8 @@ class BrokerCore:
         self.by_client[(client, request.request_id)] = job
         self.unanswered[client] += 1
         model.held_bytes += len(job.payload)
+        if model.rate is not None:
+            job.expected = now + (model.ahead_of(job.priority) + job.items) / model.rate
         model.enqueue(job)
         if log.isEnabledFor(logging.DEBUG):  # the arguments cost more than routing the request
             log.debug("admitted job %s for model %r: %d item(s), %d ms", job_id.hex(), job.model, job.items,
@@ -312,7 +341,16 @@ class BrokerCore:
         if (refusal := admission.client_saturated(self.unanswered[client],
                                                   self.config.max_client_requests)) is not None:
             return refusal
-        return admission.backlog_full(request, model, limits, reserve)
+        if model is None:  # a model no worker has announced yet, within the grace: it waits for one
+            return None
+        if (refusal := admission.memory_full(request, model, limits, reserve)) is not None:
+            return refusal
+        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve, now)
+
+    def _timeout_ms(self, request: Request) -> int:
+        """The request's deadline from now: its own, or the model's default, at most the model's longest."""
+        limits = self.limits_for(request.model)
+        return min(request.timeout_ms or limits.timeout_ms, limits.max_timeout_ms)
 
     def _refuse(self, client: bytes, request: Request, refusal: Refusal) -> None:
         # Shedding is routine under load (the metrics count it); a line per shed request would add to the load.
@@ -338,9 +376,10 @@ class BrokerCore:
         while (job := model.first_waiting()) is not None:
             worker = self._pick_worker(model, job)
             if worker is None:
-                return
+                break
             model.dequeue(job)
             worker.take(job, now)
+            model.in_flight_items += job.items
             model.dispatched += 1
             model.queue_time.observe(now - job.admitted_at)
             if log.isEnabledFor(logging.DEBUG):
@@ -349,12 +388,14 @@ class BrokerCore:
             remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
             self.outbox.append((Peer.WORKER, worker.identity, wire.encode_request(request)))
+        model.note_backlog(now)
 
     @staticmethod
     def _pick_worker(model: ModelState, job: Job) -> WorkerState | None:
         best: WorkerState | None = None
+        avoid = job.avoid if len(model.workers) > 1 else None  # a worker that answered it wrongly, if any other
         for worker in model.workers.values():
-            if not worker.can_take(job):
+            if not worker.can_take(job) or worker.identity == avoid:
                 continue
             if best is None or (worker.free_credit, -worker.last_dispatch) > (
                 best.free_credit, -best.last_dispatch
@@ -410,7 +451,7 @@ class BrokerCore:
         crashed = died and reason in CRASHES
         for job in reversed(list(worker.in_flight.values())):
             isolated = job.isolated
-            worker.release(job.job_id)
+            self._release(worker, job.job_id)
             self._requeue(job, died, blamed=crashed and isolated)
         for name in worker.models:
             model = self.models[name]
@@ -430,38 +471,62 @@ class BrokerCore:
             self._answer(job, Status.WORKER_ERROR, f"the workers running this request died {job.deaths} times, "
                          "the last one running it alone; it looks like an input the model cannot survive, so it "
                          "is not retried")
-        elif job.deaths > self.config.max_retries:
+        elif job.deaths + job.strays > self.config.max_retries:
             self._answer(job, Status.WORKER_LOST, f"the workers running this request were lost {job.deaths} "
                          "time(s) and the retry budget is spent; retry")
         else:
             self.models[job.model].enqueue(job, front=True)
 
+    def _release(self, worker: WorkerState, job_id: bytes) -> Job | None:
+        job = worker.release(job_id)
+        if job is not None:
+            self.models[job.model].in_flight_items -= job.items
+        return job
+
     def _worker_reply(self, worker: WorkerState, reply: Reply, frames: list[bytes]) -> None:
-        job = worker.release(reply.request_id)
+        job = self._release(worker, reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
+        if reply.status is Status.OK:
+            worker.rates.setdefault(job.model, ServiceRate()).answered_ok(job.items)
         if reply.status is Status.DECLINED:
             self._declined(worker, job)
         elif job.answered:
             self._forget(job)
+        elif reply.status in STRAYS:
+            self._stray(worker, job, reply)
         else:
             self._forward(worker, job, reply, frames)
         self._dispatch_to(worker)
 
     def _forward(self, worker: WorkerState, job: Job, reply: Reply, frames: list[bytes]) -> None:
-        if reply.status is Status.CANCELLED:  # nobody asked: the worker is wrong, the client gets an answer
-            self.logs.log("unasked-cancel", logging.WARNING, "worker %s answered job %s 'cancelled' although "
-                          "it was not cancelled", worker.ready.name, job.job_id.hex(), request_id=job.trace)
-            self._answer(job, Status.WORKER_ERROR, "the worker skipped this request without being asked to")
-        else:
-            self._settle(job)
-            self.models[job.model].answered[reply.status] += 1
-            if reply.status is not Status.OK:
-                self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
-                              worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
-                              request_id=job.trace)
-            self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
+        if reply.status is Status.OK:
+            self.models[job.model].answered_at(job, self.clock())
+        self._settle(job)
+        self.models[job.model].answered[reply.status] += 1
+        if reply.status is not Status.OK:
+            self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
+                          worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
+                          request_id=job.trace)
+        self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
         self._forget(job)
+
+    def _stray(self, worker: WorkerState, job: Job, reply: Reply) -> None:
+        """A status the worker may not send (``STRAYS``): the work was not done, through the worker's fault.
+        Another worker gets it while the retry budget lasts; else the client is told which worker failed it."""
+        what = (f"worker {worker.label} answered {reply.status.value!r}"
+                + (" although the request was not cancelled" if reply.status is Status.CANCELLED else
+                   ", a status only the broker gives"))
+        self.logs.log(f"stray-{reply.status.value}", logging.WARNING, "job %s: %s", job.job_id.hex(), what,
+                      request_id=job.trace)
+        job.strays += 1
+        job.avoid = worker.identity
+        others = any(identity != worker.identity for identity in self.models[job.model].workers)
+        if job.deaths + job.strays > self.config.max_retries or not others:
+            why = "the retry budget is spent" if others else "no other worker serves the model"
+            self._answer(job, Status.WORKER_LOST, f"{what}; the request was not run, and {why}; retry")
+        else:
+            self.models[job.model].enqueue(job, front=True)
 
     def _declined(self, worker: WorkerState, job: Job) -> None:
         """The worker is full with other brokers' work: the job goes back to the head of its backlog,
@@ -511,6 +576,8 @@ class BrokerCore:
         if job.answered:
             return
         if now >= job.deadline:
+            if job.worker is not None:  # late on a worker: at least this late against its prediction
+                self.models[job.model].answered_at(job, now)
             self._answer(job, Status.DEADLINE_EXCEEDED,
                          f"not finished within its deadline of {(job.deadline - job.admitted_at) * 1000:.0f} ms")
             return
@@ -546,7 +613,10 @@ class BrokerCore:
         self.unanswered[job.client] -= 1
         if self.unanswered[job.client] <= 0:
             del self.unanswered[job.client]
-        self.models[job.model].forget_waiting(job)
+        model = self.models[job.model]
+        if job.waiting:
+            model.forget_waiting(job)
+            model.note_backlog(self.clock())
         if job.worker is None:
             self._forget(job)
         else:
@@ -595,6 +665,6 @@ class BrokerCore:
             "draining": self.draining,
             "limits": stats.limits_stats(self._default_limits, self.config.max_message_bytes),
             "worker_removals": dict(self.removals),
-            "models": {name: stats.model_stats(model) for name, model in self.models.items()},
+            "models": {name: stats.model_stats(model, now) for name, model in self.models.items()},
             "workers": [stats.worker_stats(worker, now) for worker in self.workers.values()],
         }

@@ -1,6 +1,7 @@
-"""Per-model admission limits: backlog size (items and bytes) and timeouts, with the broker-wide values as defaults.
+"""Per-model admission limits: the longest predicted wait, the count before a rate is measured, the memory bounds
+(items and bytes) and timeouts, with the broker-wide values as defaults.
 
-``--model-limits "name=small,max_backlog=64,timeout_ms=2000;name=big,max_timeout_ms=120000"``
+``--model-limits "name=small,max_queue_ms=500,timeout_ms=2000;name=big,max_timeout_ms=120000"``
 gives some models their own limits; every other model uses the broker's.
 """
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from zbatch.runtime.settings import parse_entries
 
-LIMIT_KEYS = ("max_backlog", "max_backlog_bytes", "timeout_ms", "max_timeout_ms")
+LIMIT_KEYS = ("max_backlog", "max_backlog_bytes", "timeout_ms", "max_timeout_ms", "max_queue_ms", "cold_backlog")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class ModelLimits:
     max_backlog_bytes: int
     timeout_ms: int
     max_timeout_ms: int
+    max_queue_ms: int = 0  # 0: a request's own deadline is its only bound
+    cold_backlog: int = 512
 
 
 def parse_model_limits(text: str, defaults: ModelLimits) -> dict[str, ModelLimits]:

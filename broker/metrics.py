@@ -23,6 +23,9 @@ def broker_families(core: BrokerCore) -> list[Metric]:
     workers = GaugeMetricFamily("zbatch_broker_workers", "Workers alive serving the model", labels=["model"])
     credit = GaugeMetricFamily("zbatch_broker_free_credit_items",
                                "Items the model's workers can still take", labels=["model"])
+    rate = GaugeMetricFamily("zbatch_broker_service_rate_items_per_second",
+                             "Items per second the model's workers run, measured from their batch times; what "
+                             "admission predicts waits from (absent until measured)", labels=["model"])
     dispatches = CounterMetricFamily("zbatch_broker_dispatches_total", "Requests sent to a worker",
                                      labels=["model"])
     answers = CounterMetricFamily("zbatch_broker_answers_total", "Requests answered, by status",
@@ -31,6 +34,8 @@ def broker_families(core: BrokerCore) -> list[Metric]:
         backlog.add_metric([name], model.backlog_items)
         workers.add_metric([name], len(model.workers))
         credit.add_metric([name], sum(max(0, w.free_credit) for w in model.workers.values()))
+        if model.rate is not None:
+            rate.add_metric([name], model.rate)
         dispatches.add_metric([name], model.dispatched)
         for status, count in model.answered.items():
             answers.add_metric([name, status.value], count)
@@ -47,4 +52,4 @@ def broker_families(core: BrokerCore) -> list[Metric]:
     expiries = CounterMetricFamily("zbatch_broker_heartbeat_expiries_total",
                                    "Workers declared dead after missing heartbeats",
                                    value=core.removals["silent"])
-    return [backlog, workers, credit, dispatches, answers, queue_time, rejections, removals, expiries]
+    return [backlog, workers, credit, rate, dispatches, answers, queue_time, rejections, removals, expiries]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
+from broker.rates import Lateness, ServiceRate
 from zbatch.protocol.wire import HIGH_PRIORITY, LOW_PRIORITY, NORMAL_PRIORITY, BatchCounters, Ready, Status
 from zbatch.runtime.histogram import SECONDS_BUCKETS, Histogram
 
@@ -25,6 +26,9 @@ class Job:
     taken until that worker replies or is declared dead.  ``deaths`` counts
     the workers that died while running it; ``isolated`` says it runs alone
     on its worker (it is a retry, and may be what killed the last one).
+    ``strays`` counts the workers that answered it with a status a worker may
+    not send (PROTOCOL.md 6.3), the last of which, ``avoid``, it is not sent
+    back to while another worker serves its model.
     """
 
     job_id: bytes
@@ -38,6 +42,9 @@ class Job:
     priority: int = NORMAL_PRIORITY
     trace: str = ""
     deaths: int = 0
+    strays: int = 0
+    avoid: bytes | None = None
+    expected: float = 0.0  # when admission predicted its answer (0: no rate to predict with)
     isolated: bool = False
     worker: WorkerState | None = None
     waiting: bool = False
@@ -58,6 +65,8 @@ class WorkerState:
     in_flight_items: int = 0
     isolated_in_flight: int = 0  # retried jobs in flight, each of which gets the worker to itself
     batches: dict[str, BatchCounters] = field(default_factory=dict)
+    rates: dict[str, ServiceRate] = field(default_factory=dict)  # by model
+    shared: bool = False  # it has announced a share: it serves several brokers
     draining: bool = False
     declined: int = 0  # requests the worker declined (full with other brokers' work)
 
@@ -76,6 +85,23 @@ class WorkerState:
     @property
     def free_credit(self) -> int:
         return self.capacity - self.in_flight_items
+
+    @property
+    def label(self) -> str:
+        """The worker as a person reads it in an answer: its name (else its routing id), pid and host."""
+        ident = self.identity
+        name = self.ready.name or (ident.decode() if ident.isascii() and ident.decode().isprintable() else ident.hex())
+        where = " on ".join(part for part in (f"pid {self.ready.pid}" if self.ready.pid else "", self.ready.host)
+                            if part)
+        return f"{name} ({where})" if where else name
+
+    def rate(self, model: str) -> float | None:
+        """Items per second of ``model`` this worker runs for this broker; None: not measured yet, or it takes
+        no work now."""
+        measured = self.rates.get(model)
+        if measured is None or self.draining or not self.capacity:
+            return None
+        return measured.per_second(self.shared)
 
     def can_take(self, job: Job) -> bool:
         """Room for the job's items; a job larger than the whole capacity, or one that may
@@ -111,13 +137,23 @@ class ModelState:
     ``known`` once configured or announced by a worker; ``workerless_since``
     is when its last worker left (the core forgets idle models after a
     while).  ``dispatched`` and ``queue_time`` (admission to dispatch,
-    seconds) feed the broker's metrics.
+    seconds) feed the broker's metrics.  ``waiting`` counts the items
+    waiting in each priority class, ``in_flight_items`` those on workers
+    (answered or not, until the worker lets go), and ``rate`` is the sum of
+    its workers' measured rates (None while none is measured): what
+    admission predicts waits from, with ``lateness``, how much later than
+    predicted its answers have come.
     """
 
     name: str
     known: bool = False
     backlogs: tuple[deque[Job], ...] = field(default_factory=lambda: tuple(deque() for _ in PRIORITIES))
     backlog_items: int = 0
+    waiting: list[int] = field(default_factory=lambda: [0 for _ in PRIORITIES])
+    in_flight_items: int = 0
+    backlogged_since: float | None = None  # since when items have waited without a break (None: none wait)
+    rate: float | None = None
+    lateness: Lateness = field(default_factory=Lateness)
     backlog_bytes: int = 0
     held_bytes: int = 0  # payloads the broker holds for this model: waiting, and on workers until answered
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
@@ -133,6 +169,7 @@ class ModelState:
         else:
             self.backlogs[job.priority].append(job)
         self.backlog_items += job.items
+        self.waiting[job.priority] += job.items
         self.backlog_bytes += len(job.payload)
         job.waiting = True
 
@@ -162,7 +199,36 @@ class ModelState:
         if job.waiting:
             job.waiting = False
             self.backlog_items -= job.items
+            self.waiting[job.priority] -= job.items
             self.backlog_bytes -= len(job.payload)
+
+    def ahead_of(self, priority: int) -> int:
+        """Items that run before a request of ``priority`` admitted now: those on workers, and those waiting
+        at its priority or higher."""
+        return self.in_flight_items + sum(self.waiting[: priority + 1])
+
+    def predicted_wait_s(self, priority: int, items: int, now: float) -> float | None:
+        """How long a request of ``items`` at ``priority`` admitted now would wait for its answer; None
+        without a rate."""
+        if self.rate is None:
+            return None
+        return (self.ahead_of(priority) + items) / self.rate + self.lateness.now(now)
+
+    def answered_at(self, job: Job, now: float) -> None:
+        """A job's answer came (or its deadline did, on a worker): how late was it against its prediction?"""
+        if job.expected:
+            self.lateness.observe(now - job.expected, now)
+
+    def note_backlog(self, now: float) -> None:
+        """Keep ``backlogged_since``: call after the backlog may have changed (dispatch, an answer)."""
+        if not self.backlog_items:
+            self.backlogged_since = None
+        elif self.backlogged_since is None:
+            self.backlogged_since = now
+
+    def measure_rate(self) -> None:
+        rates = [rate for worker in self.workers.values() if (rate := worker.rate(self.name)) is not None]
+        self.rate = sum(rates) if rates else None
 
     def batch_totals(self) -> BatchCounters:
         totals = self.retired_batches
@@ -174,6 +240,7 @@ class ModelState:
         """Keep a departing worker's batch counts in the model's totals."""
         self.workers.pop(worker.identity, None)
         self.retired_batches = add_counters(self.retired_batches, worker.batches.get(self.name))
+        self.measure_rate()
         if not self.workers:
             self.workerless_since = now
 

@@ -7,12 +7,19 @@ from typing import Any
 
 from broker.limits import ModelLimits
 from broker.state import ModelState, WorkerState
+from zbatch.protocol.wire import NORMAL_PRIORITY
 
 
-def model_stats(model: ModelState) -> dict[str, Any]:
+def model_stats(model: ModelState, now: float) -> dict[str, Any]:
     totals = model.batch_totals()
+    rate = model.rate
+    wait_s = model.predicted_wait_s(NORMAL_PRIORITY, 1, now)
     return {
         "backlog_items": model.backlog_items,
+        "in_flight_items": model.in_flight_items,
+        "service_rate": None if rate is None else round(rate, 3),
+        "predicted_wait_ms": None if wait_s is None else round(wait_s * 1000),
+        "lateness_ms": round(model.lateness.now(now) * 1000),
         "backlog_bytes": model.backlog_bytes,
         "held_bytes": model.held_bytes,
         "workers": len(model.workers),
@@ -59,5 +66,6 @@ def worker_stats(worker: WorkerState, now: float) -> dict[str, Any]:
 def limits_stats(limits: ModelLimits, max_message_bytes: int) -> dict[str, int]:
     """What a client needs to know to stay within the broker's limits."""
     return {"timeout_ms": limits.timeout_ms, "max_timeout_ms": limits.max_timeout_ms,
+            "max_queue_ms": limits.max_queue_ms, "cold_backlog": limits.cold_backlog,
             "max_backlog": limits.max_backlog, "max_backlog_bytes": limits.max_backlog_bytes,
             "max_message_bytes": max_message_bytes}

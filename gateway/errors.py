@@ -113,14 +113,20 @@ ERRORS: dict[str, ErrorCode] = {
         ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit",
                   tei=(413, "Validation")),
         ErrorCode("unsupported_media_type", 415, "wrong Content-Type", http_exception=True),
-        ErrorCode("worker_error", 500, "the model failed on this input; the other inputs of its batch still succeed",
-                  client_error=WorkerError, tei=(424, "Backend")),
-        ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details",
-                  tei=(500, "Backend")),
-        ErrorCode("worker_lost", 502, "the worker died and the broker's retry budget is spent; retry",
-                  client_error=WorkerLost, tei=(424, "Backend")),
-        ErrorCode("overloaded", 503, "the model's backlog at the broker is full, or the gateway is answering as "
-                  "many requests, or holds as many connections, as it takes at once", client_error=Overloaded,
+        ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details (the only 500: "
+                  "every failure of a worker or the broker is a 502 or 503)", tei=(500, "Backend")),
+        ErrorCode("worker_error", 502, "the model failed on this input, or an input made workers crash; the other "
+                  "inputs of its batch still succeed", client_error=WorkerError, tei=(424, "Backend")),
+        ErrorCode("worker_lost", 502, "the worker died, or answered with a status it may not send, and the "
+                  "broker's retry budget is spent (or no other worker serves the model); the message names the "
+                  "worker where one failed it; retry", client_error=WorkerLost, tei=(424, "Backend")),
+        ErrorCode("upstream_error", 502, "the broker or a worker answered something the gateway cannot use (a "
+                  "status it does not know, an unreadable answer)", client_error=ZBatchError,
+                  tei=(424, "Backend")),
+        ErrorCode("overloaded", 503, "the broker predicts the request would not be answered within its deadline "
+                  "(or its backlog's memory bound is reached), or the gateway is answering as many requests, or "
+                  "holds as many connections, as it takes at once; Retry-After says when room is expected",
+                  client_error=Overloaded,
                   http_exception=True, headers=RETRY_AFTER, tei=(429, "Overloaded")),
         ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker,
                   tei=(503, "Unhealthy")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections import Counter
@@ -19,6 +20,8 @@ class Answer:
     latency_s: float
     status: int
     code: str
+    retry_after_s: int | None = None  # a 503's Retry-After
+    retry: bool = False  # sent again after a 503, once its Retry-After had passed
 
 
 @dataclass
@@ -27,7 +30,9 @@ class Load:
 
     ``enter`` runs first in the load's thread (to move it into a network namespace, say).
     With ``fresh_connections`` each request opens a connection of its own, as a new client would;
-    otherwise each client keeps its connection alive.
+    otherwise each client keeps its connection alive.  Each request carries ``texts`` inputs and
+    ``headers``; with ``follow_retry_after`` a refused request (503) is sent again once its Retry-After
+    has passed (plus up to a tenth more, as jitter), as a client that follows the header does.
     """
 
     url: str
@@ -35,6 +40,9 @@ class Load:
     timeout_s: float = 60.0
     enter: Callable[[], None] | None = None
     fresh_connections: bool = False
+    texts: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+    follow_retry_after: bool = False
     answers: list[Answer] = field(default_factory=list)
     sent: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -74,18 +82,28 @@ class Load:
             await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
 
     async def _client(self, session: aiohttp.ClientSession, number: int) -> None:
-        i = 0
+        jitter = random.Random(number)
+        i, retry = 0, False
         while not self._stop.is_set():
-            i += 1
+            if not retry:
+                i += 1
+            texts = [f"client {number} request {i} text {t} " * 3 for t in range(self.texts)]
+            inputs: str | list[str] = texts[0] if self.texts == 1 else texts
             self.sent += 1
             started = time.monotonic()
+            retry_after: int | None = None
             try:
-                async with session.post(self.url, json={"inputs": f"client {number} request {i} " * 3}) as r:
+                async with session.post(self.url, json={"inputs": inputs}, headers=self.headers) as r:
                     body = await r.json()
                     code = "ok" if r.status == 200 else body["error"]["code"]
                     status = r.status
+                    if status == 503 and "Retry-After" in r.headers:
+                        retry_after = int(r.headers["Retry-After"])
             except (TimeoutError, aiohttp.ClientError) as exc:
                 status, code = 0, type(exc).__name__
-            self.answers.append(Answer(started, time.monotonic() - started, status, code))
-            if status != 200:
+            self.answers.append(Answer(started, time.monotonic() - started, status, code, retry_after, retry))
+            retry = self.follow_retry_after and retry_after is not None
+            if retry and retry_after is not None:
+                await asyncio.sleep(retry_after * jitter.uniform(1.0, 1.1))
+            elif status != 200:
                 await asyncio.sleep(0.01)  # a failing stack should not be hammered in a tight loop

@@ -287,8 +287,9 @@ class WorkerCore:
             self._answer([Reply(request.request_id, Status.BAD_REQUEST, str(exc))], actions)
             return
         timeout_s = request.timeout_ms / 1000 if request.timeout_ms else self.settings.default_timeout_s
-        log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, request.items,
-                  extra={"request_id": request.trace})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("accepted job %s for %s: %d item(s)", request.request_id.hex(), request.model, request.items,
+                      extra={"request_id": request.trace})
         others_held = len(slot.assembler) > 0
         pending = PendingRequest(request.request_id, decoded.inputs, decoded.parameters, decoded.parameters_key,
                                  now + timeout_s, now, request.trace, decoded.operation)

@@ -49,6 +49,9 @@ from zbatch.protocol.wire import Status
 
 log = logging.getLogger("zbatch.worker")
 Outcomes = list[Any]
+# The pool's threads tokenize in Rust without the GIL, but each call has Python around it: past a few threads
+# they queue for the GIL with the I/O loop and this thread instead of adding throughput.
+MAX_PREP_THREADS = 4
 Done = Callable[[int, Outcomes, float], None]  # ticket, one outcome per item, the model's time
 
 
@@ -100,7 +103,8 @@ class InferenceThread:
     host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting; ``tokenize_ahead``:
     for which models the preparation pool tokenizes and plans text batches in the model's shadow
     (:mod:`worker.stages`): ``true`` all, ``auto`` those off the CPU (on the CPU the model's run leaves no
-    core idle), ``false`` none; ``prep_threads``: the pool's threads (0: the host's cores over ``workers``).
+    core idle), ``false`` none; ``prep_threads``: the pool's threads (0: the host's cores over ``workers``, at
+    most :data:`MAX_PREP_THREADS`).
     """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
@@ -120,8 +124,12 @@ class InferenceThread:
         self.ledger: CoreLedger | None = None
         self.device = ""
         self.details: dict[str, ModelDetails] = {}  # by model name, once loaded: what READY says about each
+        self.batch_sizes: dict[str, int] = {}  # by model name, once loaded: its largest batch on its device
         self.prepared_ahead: frozenset[str] = frozenset()  # models whose batches the pool prepares, once loaded
-        self.pool = PrepPool(prep_threads or max(1, host_cores() // workers))
+        self.pool = PrepPool(prep_threads or max(1, min(MAX_PREP_THREADS, host_cores() // workers)))
+        # The pool's threads are the tokenizer's parallelism: each call parallel over every core as well
+        # (the fast tokenizer's default) would oversubscribe them, and cost more than it saves on a batch.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._staged: dict[str, StagedRunner[Any, Any]] = {}  # the loaded models the pool prepares ahead
         self._governed_threads = torch_threads
         self._loop = loop
@@ -270,6 +278,7 @@ class InferenceThread:
                      spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
         self.device = ",".join(sorted({runner.device for runner in runners.values()}))
         self.details = {name: details_of(runner) for name, runner in runners.items()}
+        self.batch_sizes = {name: runner.spec.max_batch_size for name, runner in runners.items()}
         return runners
 
     def _set_finished(self, error: BaseException | None) -> None:

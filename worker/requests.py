@@ -88,8 +88,14 @@ def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRe
 
 def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:
     """A canonical encoding of the operation and parameters: keys sorted, so {a, b} and {b, a} batch together."""
+    if not parameters and operation in _PLAIN_KEYS:  # most requests: no parameters
+        return _PLAIN_KEYS[operation]
     packed: bytes = msgpack.packb([operation, sorted(parameters.items())], use_bin_type=True, default=repr)
     return packed
+
+
+_PLAIN_KEYS: Final[dict[str, bytes]] = {operation: msgpack.packb([operation, []], use_bin_type=True)
+                                         for operation in OPERATIONS}
 
 
 class _Reader:

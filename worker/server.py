@@ -73,9 +73,7 @@ class WorkerServer(daemon.Service):
         self.freed_memory = config.freed_memory
         self.slots = model_slots(config)
         self.endpoints = split_endpoints(config.backend)
-        settings = CoreSettings(config.effective_capacity, config.input_limits, config.drain_timeout_ms / 1000,
-                                config.batch_timeout_ms / 1000)
-        self.core = WorkerCore(self.slots, len(self.endpoints), settings, time.monotonic)
+        self._core: WorkerCore | None = None  # once the models are loaded: their batch sizes set the capacity
         self._context = zmq.asyncio.Context()
         self._engine: InferenceThread | None = None
         self._links: list[BrokerLink] = []
@@ -85,10 +83,15 @@ class WorkerServer(daemon.Service):
         self._drain_acknowledged = asyncio.Event()
         self._drained = asyncio.Event()
 
+    @property
+    def core(self) -> WorkerCore:
+        assert self._core is not None, "the core is made once the models are loaded"
+        return self._core
+
     def status_line(self) -> str:
         served = ", ".join(f"{name}: {slot.batches} batches, {slot.batched_items} items"
                            for name, slot in self.slots.items())
-        return f"{served}; {self.core.held} request(s) held"
+        return f"{served}; {self._core.held if self._core else 0} request(s) held"
 
     def metrics(self) -> daemon.MetricsPage:
         return daemon.MetricsPage(self.config.metrics_host, self.config.metrics_port,
@@ -101,8 +104,12 @@ class WorkerServer(daemon.Service):
                                        self.config.workers, self.config.cores_ledger, self.config.tokenize_ahead)
         await self._engine.start()
         for name, slot in self.slots.items():
-            slot.details = self._engine.details.get(name, slot.details)
-        self.core.prepare_ahead = self._engine.prepared_ahead
+            slot.loaded(self._engine.details.get(name, slot.details), self._engine.batch_sizes[name])
+        main = next(iter(self.slots.values()))
+        settings = CoreSettings(self.config.effective_capacity(main.max_batch_size), self.config.input_limits,
+                                self.config.drain_timeout_ms / 1000, self.config.batch_timeout_ms / 1000)
+        self._core = WorkerCore(self.slots, len(self.endpoints), settings, time.monotonic,
+                               self._engine.prepared_ahead)
         curve = client_keys(self.config.curve_server_key_file, self.config.curve_secret_key_file)
         self._links = [self._make_link(index, endpoint, curve) for index, endpoint in enumerate(self.endpoints)]
         links = [loop.create_task(link.run()) for link in self._links]

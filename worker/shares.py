@@ -113,7 +113,7 @@ class Shares:
         if local not in self._jobs:  # a duplicate id is refused by the worker, under the first job's name
             self._jobs[local] = _Job(index, request.request_id, request.items)
             self.links[index].held += request.items
-        return dataclasses.replace(request, request_id=local)
+        return request if local == request.request_id else dataclasses.replace(request, request_id=local)
 
     def local_id(self, index: int, job_id: bytes) -> bytes:
         return bytes((index,)) + job_id if self.several else job_id
@@ -126,7 +126,8 @@ class Shares:
         self.links[job.link].held -= job.items
         if job.orphaned:
             return None
-        return job.link, dataclasses.replace(reply, request_id=job.job_id)
+        same = reply.request_id == job.job_id
+        return job.link, reply if same else dataclasses.replace(reply, request_id=job.job_id)
 
     def orphan(self, index: int) -> list[bytes]:
         """Link ``index`` was lost: its jobs' replies will be dropped; returns their local ids, to skip them."""

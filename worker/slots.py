@@ -18,19 +18,21 @@ from worker.assembler import Assembler
 from worker.batching import BatchPolicy
 from worker.config import WorkerConfig
 from worker.runners import DEFAULT_MODEL_NAME, ModelDetails, ModelSpec, default_model_path
+from worker.runners.graphs import GRAPH_SETTINGS
 from worker.runners.runtime import check_settings
 from zbatch.protocol.wire import MAX_META_BYTES, BatchCounters, ModelInfo, Status, pack
 from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from zbatch.runtime.settings import parse_entries
 
-SPEC_KEYS = {"name", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size", "max_batch_delay_ms"}
+SPEC_KEYS = {"name", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size", "max_batch_delay_ms",
+             "cuda_graphs"}
 LABELS_BUDGET_BYTES = MAX_META_BYTES // 2  # READY's labels, all models together; the rest of READY is small
 
 
 @dataclass(slots=True)
 class ModelSlot:
     spec: ModelSpec
-    max_batch_size: int
+    max_batch_size: int  # 0 (the device's default) until the model is loaded: :meth:`loaded`
     policy: BatchPolicy
     assembler: Assembler = field(default_factory=Assembler)
     batches: int = 0
@@ -39,14 +41,21 @@ class ModelSlot:
     inference_times: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
     details: ModelDetails = field(default_factory=ModelDetails)  # the loaded model's, for READY
 
+    def loaded(self, details: ModelDetails, max_batch_size: int) -> None:
+        """The model is loaded: what it says about itself, and its batch size on its device."""
+        self.details = details
+        self.max_batch_size = self.policy.max_batch_size = max_batch_size
+
     @property
     def info(self) -> ModelInfo:
         return ModelInfo(self.spec.name, self.spec.task, self.max_batch_size, **dataclasses.asdict(self.details))
 
     def counters(self) -> BatchCounters:
+        """What the heartbeats report; ``busy_ms``, the batches' total time, gives the broker the service rate."""
         skipped = self.assembler.skipped_items
         return BatchCounters(self.batches, self.batched_items,
-                             skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED])
+                             skipped[Status.CANCELLED], skipped[Status.DEADLINE_EXCEEDED],
+                             int(self.inference_times.total * 1000))
 
 
 def ready_infos(slots: Iterable[ModelSlot]) -> tuple[ModelInfo, ...]:
@@ -64,7 +73,7 @@ def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
     main = {"name": main_name, "path": path, "task": config.task, "device": config.device,
             "dtype": config.dtype, "runtime": config.runtime, "quantize": config.quantize,
             "onnx_cache": config.onnx_cache, "max_batch_size": str(config.max_batch_size),
-            "max_batch_delay_ms": str(config.max_batch_delay_ms)}
+            "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs}
     slots: dict[str, ModelSlot] = {}
     for fields in [main, *parse_extra_models(config.extra_models, defaults=main)]:
         slot = _slot(fields)
@@ -93,9 +102,12 @@ def _slot(fields: dict[str, str]) -> ModelSlot:
         batch_size, delay_ms = int(fields["max_batch_size"]), float(fields["max_batch_delay_ms"])
     except ValueError:
         raise ValueError(f"model {fields['name']!r}: batch settings must be numbers") from None
-    if batch_size < 1 or delay_ms < 0:
-        raise ValueError(f"model {fields['name']!r}: max_batch_size must be >= 1 and max_batch_delay_ms >= 0")
-    spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"],
-                     fields["runtime"], fields["quantize"], fields["onnx_cache"])
+    if batch_size < 0 or delay_ms < 0:
+        raise ValueError(f"model {fields['name']!r}: max_batch_size must be >= 0 (0: the device's default) and "
+                         "max_batch_delay_ms >= 0")
+    if fields["cuda_graphs"] not in GRAPH_SETTINGS:
+        raise ValueError(f"model {fields['name']!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
+    spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"], batch_size,
+                     fields["cuda_graphs"], fields["runtime"], fields["quantize"], fields["onnx_cache"])
     check_settings(spec)
     return ModelSlot(spec, batch_size, BatchPolicy(batch_size, delay_ms / 1000))

@@ -164,10 +164,12 @@ def daemon_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     from its flags) or ``NOTIFY_SOCKET``/``WATCHDOG_*`` (a run under systemd
     must not have its daemons notify that systemd), but with
     ``ZBATCH_NATIVE_DIR``; offline for Hugging Face, and with :data:`ROOT`
-    importable.
+    importable ahead of the caller's ``PYTHONPATH``.
     """
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or not k.startswith(STRIPPED_ENV)}
-    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    # ROOT first, then whatever path the caller runs with (packages carried to a host without an index).
+    paths = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT))]
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
     return env | dict(extra or {})
 
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from scripts.benchmarks import (
+    cases_gpu,
     cases_infra,
     cases_model,
     cases_overlap,
@@ -42,16 +43,18 @@ Case = Callable[[Context], Awaitable[None]]
 OTHER_CASES: dict[str, Case] = {
     "overload": cases_overload.overload,
     "storm": cases_overload.storm,
+    "shed": cases_overload.shed,
     "routing": cases_infra.routing,
     "gateway": cases_infra.gateway,
     "idle": cases_infra.idle,
     "scale": cases_infra.scale,
     "overlap": cases_overlap.overlap,
+    "gpu": cases_gpu.gpu,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)
 NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes
 # The long-lived systems each case uses (see Context.release); the model cases' come from cases_model.needs.
-NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}}
+NEEDS: dict[str, set[str]] = {"overload": {"zbatch"}, "storm": {"zbatch", "batched"}, "shed": {"serve", "zbatch"}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -155,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parts = {"targets": targets.section(ctx.rows), "details": details,
              "analysis": [line for line in history.previous(md_path, report.ANALYSIS_HEADING)
                           if line != report.ANALYSIS_PLACEHOLDER],
+             "gpu": cases_gpu.section(ctx.rows, ctx.gpu_info) or history.previous(md_path, cases_gpu.GPU_HEADING),
              "history": history.section(history.previous(md_path), args.note, ctx.rows, args.quick)}
     md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, parts))
     report.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),
                       failed)
+    cases_gpu.write_raw(ctx.rows, ctx.gpu_info, data_dir)
     print("\n".join([report.table(ctx.rows), *parts["targets"], *details]))
     log(f"wrote {md_dir / 'BENCHMARKS.md'}, {data_dir / 'bench-results.json'}"
         + (f" and {len(pngs)} chart(s) in {data_dir}" if pngs else "") + f" in {time.monotonic() - started:.0f} s")

@@ -113,6 +113,7 @@ class Context:
     settings: Settings
     rows: list[dict[str, Any]] = field(default_factory=list)
     capacities: dict[str, float] = field(default_factory=dict)  # req/s at concurrency 32, by case
+    gpu_info: dict[str, Any] = field(default_factory=dict)  # the gpu case's machine and one-off figures
     _stacks: dict[str, ZbatchStack] = field(default_factory=dict)  # by system_key("zbatch", dtype)
     _limits: dict[str, LimitProcess] = field(default_factory=dict)  # by system_key("limit", dtype)
     _baselines: dict[str, Baseline] = field(default_factory=dict)

@@ -52,6 +52,7 @@ class EchoWorker:
         self.pending: deque[Request] = deque()
         self.arrived = asyncio.Event()
         self.batches = self.items = 0  # for the heartbeats
+        self.busy_s = 0.0  # the simulated batches' time, reported as busy_ms
         self._vectors: dict[int, bytes] = {}
 
     def ready(self) -> list[bytes]:
@@ -67,7 +68,8 @@ class EchoWorker:
         return wire.encode_reply(Reply(request.request_id, Status.OK, "", payload))
 
     def heartbeat(self) -> list[bytes]:
-        return wire.encode_heartbeat(Heartbeat({self.args.model: BatchCounters(self.batches, self.items)}))
+        counters = BatchCounters(self.batches, self.items, busy_ms=int(self.busy_s * 1000))
+        return wire.encode_heartbeat(Heartbeat({self.args.model: counters}))
 
     def run_instant(self) -> None:
         """Blocking loop, like the proxy's echo worker, so routing is compared like for like."""
@@ -118,7 +120,9 @@ class EchoWorker:
                 items = batch[0].items
             if not self.pending:
                 self.arrived.clear()
+            started = time.perf_counter()
             await asyncio.sleep((self.args.batch_ms + self.args.item_ms * items) / 1000)
+            self.busy_s += time.perf_counter() - started
             self.batches += 1
             self.items += items
             for request in batch:

@@ -18,7 +18,7 @@ from scripts.benchmarks.cases_model import LIMIT_OF_SERVED, LIMIT_POINTS
 from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched",
-              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "scale",
+              "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "shed", "scale",
               "overlap")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
@@ -92,6 +92,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             parts.append(f"{r['detail']['added_ms']:+.2f} ms p50 over its model")
         elif case in ("overload", "storm"):
             parts.append(_ratio_text(times(r["req_s"], r["detail"]["capacity_req_s"]), "capacity"))
+        elif case == "shed" and "capacity_texts_s" in r["detail"]:
+            parts.append(_ratio_text(times(r["texts_s"], r["detail"]["capacity_texts_s"]), "capacity"))
         elif case == "overlap":
             parts.append(_ratio_text(paired.get("vs_inline"), "inline"))
         elif case == "scale":
@@ -207,6 +209,11 @@ CASE_NOTES = """
   baseline-batched, each compared with its own capacity.
 * **simulated accelerator** (overload and storm): zbatch with a worker whose batches take as long as
   the real model's here (15 ms + 7 ms per item) but sleep instead of using the CPU, as a GPU host's would.
+* **shed**: issue 33's corpus uploads, closed-loop clients of 32 texts a request that follow Retry-After
+  on a 503: 16 of them on the `scripts/serve` stack (default deadline), then 64 on one worker with a 5 s
+  deadline (`X-Request-Timeout-Ms`), goodput over the same 64 clients' texts/s with the default deadline,
+  which they fit; both again on a
+  simulated accelerator (2 ms a batch of up to 32) with a 50 ms deadline.
 * **scale**: N simulated workers behind one broker, 64 closed-loop clients per worker; "CPU-class"
   sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
@@ -242,7 +249,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     """The whole BENCHMARKS.md.
 
     ``sections``: "targets" and "details" (generated lines), "analysis" and
-    "history" (carried over from the previous file: hand-written, and the log).
+    "history" (carried over from the previous file: hand-written, and the log), and "gpu" (the gpu case's
+    section: this run's when it ran on CUDA, else the previous file's).
     """
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -260,6 +268,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
     lines += sections["details"]
+    if sections.get("gpu"):
+        gpu = sections["gpu"]
+        lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
     return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(sections["history"]) + "\n"

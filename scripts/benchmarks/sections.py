@@ -64,6 +64,31 @@ def _storm(storm_rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _shed(shed_rows: list[dict[str, Any]]) -> list[str]:
+    d = shed_rows[0]["detail"]
+    intro = (f"Closed-loop clients sending 32 texts a request for {d['duration_s']:.0f} s after a warm-up; a "
+             "refused one waits the 503's Retry-After (up to a tenth more) and sends the same request again. "
+             "Goodput: texts/s answered 200 over those of the same clients on the same stack with the default "
+             "deadline, which they fit (capacity). Accepted p99 is over the admitted requests (answered 200, or "
+             "504 when late), timed from the send that was admitted, at the client: it includes the client's "
+             "and the gateway's own queueing, the deadline does not. Retries admitted: sends after a "
+             "Retry-After that were answered 200.")
+    out = _table_start("Shedding by time", intro, [
+        "system", "clients", "deadline ms", "texts/s", "goodput / capacity", "statuses", "accepted p99 ms",
+        "503 p50 / p99 ms", "Retry-After s", "retries admitted", "clients admitted"])
+    for r in shed_rows:
+        d = r["detail"]
+        capacity = d.get("capacity_texts_s")
+        cells = [r["system"], str(d["clients"]), str(d["deadline_ms"] or "30000 (default)"), number(d["texts_s"]),
+                 f"{d['texts_s'] / capacity:.2f}" if capacity else "–",
+                 ", ".join(f"{k}: {v}" for k, v in sorted(d["statuses"].items())), number(d["accepted_p99_ms"]),
+                 f"{number(d['p50_503_ms'])} / {number(d['p99_503_ms'])}",
+                 ", ".join(f"{k}: {v}" for k, v in sorted(d["retry_after_s"].items())) or "–",
+                 f"{d['retries_admitted']} of {d['retries']}", f"{d['clients_admitted']} of {d['clients']}"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def _peers(peer_rows: list[dict[str, Any]]) -> list[str]:
     """zbatch and each peer by concurrency (req/s, p50), zbatch over the best peer, then each peer's install."""
     zbatch = [r for r in peer_rows if r["system"] in cases_peers.ZBATCH_ROWS and "peers" in r["detail"]]
@@ -160,6 +185,9 @@ def details(rows: list[dict[str, Any]]) -> list[str]:
     storm_rows = [r for r in ordered if r["case"] == "storm"]
     if storm_rows:
         lines += _storm(storm_rows)
+    shed_rows = [r for r in ordered if r["case"] == "shed"]
+    if shed_rows:
+        lines += _shed(shed_rows)
     peer_rows = [r for r in ordered if r["case"] == "peers"]
     if peer_rows:
         lines += _peers(peer_rows)

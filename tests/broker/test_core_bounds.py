@@ -119,14 +119,67 @@ def test_a_worker_that_never_answers_loses_the_payloads_at_their_deadlines_and_i
     assert b"liar" not in core.workers and core.removals["overdue"] == 1 and not core.jobs
 
 
-def test_a_cancelled_reply_nobody_asked_for_is_an_error_for_the_client(clock: FakeClock) -> None:
+def test_a_cancelled_reply_nobody_asked_for_sends_the_work_to_another_worker(clock: FakeClock) -> None:
+    """The work was not done, and the worker, not the input, is at fault: another worker gets it."""
     core = make_core(clock)
-    ready(core, b"W1")
+    ready(core, b"W1", capacity=1)
+    send(core, b"r")
+    [(_, job)] = dispatched(take(core))
+    ready(core, b"W2", capacity=1)
+    worker_reply(core, b"W1", job.request_id, Status.CANCELLED)
+    out = take(core)
+    assert client_replies(out) == []
+    [(again, retry)] = dispatched(out)
+    assert again == b"W2" and retry.request_id == job.request_id
+    worker_reply(core, b"W2", retry.request_id)
+    [reply] = client_replies(take(core))
+    assert reply.status is Status.OK
+
+
+def test_a_stray_status_with_no_other_worker_is_worker_lost_naming_the_worker(clock: FakeClock) -> None:
+    core = make_core(clock)
+    core.worker_message(b"W1", wire.encode_ready(Ready((ModelInfo(MODEL, "embeddings", 2),), 4, "gpu-7", "h1", 42)))
     send(core, b"r")
     [(_, job)] = dispatched(take(core))
     worker_reply(core, b"W1", job.request_id, Status.CANCELLED)
     [reply] = client_replies(take(core))
-    assert reply.status is Status.WORKER_ERROR and "without being asked" in reply.message
+    assert reply.status is Status.WORKER_LOST
+    assert "worker gpu-7 (pid 42 on h1) answered 'cancelled'" in reply.message
+    assert "no other worker serves the model" in reply.message
+    assert b"W1" in core.workers and not core.jobs  # the worker stays; the job is gone
+
+
+@pytest.mark.parametrize("status", [Status.OVERLOADED, Status.UNKNOWN_MODEL, Status.NO_WORKER, Status.WORKER_LOST])
+def test_a_status_only_the_broker_gives_is_a_stray_too_and_spends_the_retry_budget(clock: FakeClock,
+                                                                                  status: Status) -> None:
+    core = make_core(clock, max_retries=1)
+    ready(core, b"W1", capacity=1)
+    ready(core, b"W2", capacity=1)
+    send(core, b"r")
+    [(first, job)] = dispatched(take(core))
+    worker_reply(core, first, job.request_id, status)
+    [(second, retry)] = dispatched(take(core))
+    assert second != first
+    worker_reply(core, second, retry.request_id, status)
+    [reply] = client_replies(take(core))
+    assert reply.status is Status.WORKER_LOST and "the retry budget is spent" in reply.message
+    assert f"answered {status.value!r}, a status only the broker gives" in reply.message
+
+
+def test_a_retry_after_a_stray_avoids_the_worker_that_failed_it_while_another_is_busy(clock: FakeClock) -> None:
+    core = make_core(clock, max_retries=2)
+    ready(core, b"W1", capacity=1)
+    ready(core, b"W2", capacity=1)
+    send(core, b"busy")
+    send(core, b"r")
+    jobs = {job.request_id: (worker, job) for worker, job in dispatched(take(core))}
+    (w_busy, _), (w_liar, job) = jobs.values()
+    worker_reply(core, w_liar, job.request_id, Status.CANCELLED)
+    assert dispatched(take(core)) == []  # it waits for the other worker, though the liar has room
+    [(busy_worker, busy_job)] = [(w, j) for w, j in jobs.values() if w == w_busy]
+    worker_reply(core, busy_worker, busy_job.request_id)
+    [(again, _)] = dispatched(take(core))
+    assert again == w_busy
 
 
 def test_a_retry_on_a_worker_that_goes_silent_is_worker_lost_with_the_default_budget(clock: FakeClock) -> None:

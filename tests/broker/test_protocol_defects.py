@@ -32,7 +32,9 @@ def context() -> Iterator[Context]:
 
 @pytest.fixture
 def broker(log_dir: Path) -> Iterator[Daemon]:
-    broker = start_broker(log_dir, models=(MODEL,), heartbeat_ms=HEARTBEAT_MS, no_worker_grace_ms=10_000)
+    # A memory bound of 256 items, which the size tests below count against (the default is far larger).
+    broker = start_broker(log_dir, models=(MODEL,), heartbeat_ms=HEARTBEAT_MS, no_worker_grace_ms=10_000,
+                          max_backlog=256)
     yield broker
     broker.stop()
 
@@ -68,15 +70,37 @@ def replies(client: zmq.Socket[bytes], wait_ms: int) -> list[Reply]:
     return answers
 
 
-def test_a_cancelled_reply_nobody_asked_for_reaches_the_client_as_worker_error(
+def test_a_cancelled_reply_nobody_asked_for_sends_the_request_to_another_worker(
         context: Context, broker: Daemon, client: zmq.Socket[bytes]) -> None:
-    liar = worker(context, broker, b"liar")
+    """A fake worker that lies (it answers ``cancelled`` unasked): the work was not done, an honest worker does it."""
+    liar = worker(context, broker, b"fake-liar", capacity=1)
+    honest = worker(context, broker, b"fake-honest", capacity=1)
+    try:
+        request(client, b"busy")
+        request(client, b"r1")
+        wait_until(lambda: liar.job_ids and honest.job_ids, 10, "a request on each worker")
+        liar.reply(liar.job_ids[0], Status.CANCELLED, "skipped")
+        honest.reply(honest.job_ids[0], Status.OK)
+        wait_until(lambda: len(honest.job_ids) == 2, 10, "the liar's request to reach the honest worker")
+        honest.reply(honest.job_ids[1], Status.OK)
+        answers = {answer.request_id: answer.status for answer in replies(client, 2_000)}
+        assert answers == {b"busy": Status.OK, b"r1": Status.OK}
+        assert len(liar.job_ids) == 1  # it was not sent back to the worker that failed it
+    finally:
+        liar.close()
+        honest.close()
+
+
+def test_a_cancelled_reply_nobody_asked_for_with_no_other_worker_is_worker_lost_naming_it(
+        context: Context, broker: Daemon, client: zmq.Socket[bytes]) -> None:
+    liar = worker(context, broker, b"fake-liar")
     try:
         request(client, b"r1")
         wait_until(lambda: liar.job_ids, 10, "the request to reach the worker")
         liar.reply(liar.job_ids[0], Status.CANCELLED, "skipped")
         [answer] = replies(client, 5_000)
-        assert (answer.request_id, answer.status) == (b"r1", Status.WORKER_ERROR)
+        assert (answer.request_id, answer.status) == (b"r1", Status.WORKER_LOST)
+        assert "fake-liar" in answer.message and "not cancelled" in answer.message
     finally:
         liar.close()
 

@@ -16,20 +16,25 @@ from typing import Any
 
 import aiohttp
 import pytest
+import zmq
 
 from tests.daemons import (
     Daemon,
+    Daemons,
     broker_stats,
     running_stack,
     start_broker,
+    start_gateway,
     start_worker,
     wait_for_worker,
     wait_until,
 )
 from tests.faults import CRASH_MARKER, HANG_MARKER
+from tests.hostile import HostileWorker
 from tests.load import Load
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import AsyncClient, NoWorker, Overloaded
+from zbatch.protocol.wire import Status
 
 MODEL = DEFAULT_MODEL_NAME
 HEARTBEAT: dict[str, Any] = {"heartbeat_ms": 250, "heartbeat_liveness": 3}
@@ -157,7 +162,7 @@ def test_an_input_that_crashes_the_worker_fails_alone(log_dir: Path) -> None:
         load.stop()
         summary = load.summary()
     report("crashing input", poison=poison, **summary)
-    assert poison[0] == 500 and poison[1]["error"]["code"] == "worker_error"
+    assert poison[0] == 502 and poison[1]["error"]["code"] == "worker_error"
     assert "died 2 times" in poison[1]["error"]["message"]
     assert summary["answered"] == summary["sent"] == summary["ok"]
 
@@ -168,6 +173,33 @@ async def _post(url: str, body: dict[str, Any], timeout_s: float = 60) -> tuple[
             return response.status, await response.json()
 
 
+def test_a_worker_that_answers_cancelled_unasked_is_a_502_naming_it_not_a_500(log_dir: Path) -> None:
+    """A fake worker that lies (a raw DEALER, tests/hostile.py): the only one serving its model, so the request
+    cannot go elsewhere; the caller gets 502 naming the worker, and the gateway keeps 500 for its own faults."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    with Daemons(log_dir) as daemons:
+        broker = daemons.add(start_broker(log_dir, heartbeat_ms=200))
+        gateway = daemons.add(start_gateway(broker, log_dir))
+        liar = HostileWorker(context, broker.backend, b"fake-liar").start()
+        try:
+            liar.ready(["lying-model"], 4)
+            wait_until(lambda: (broker_stats(broker.frontend) or {"workers": []})["workers"], 10, "the fake worker")
+
+            async def scenario() -> tuple[int, Any]:
+                answer = asyncio.create_task(_post(f"{gateway.url}/models/lying-model", {"inputs": "hello"}))
+                await asyncio.to_thread(wait_until, lambda: liar.job_ids, 10, "the request to reach the worker")
+                liar.reply(liar.job_ids[0], Status.CANCELLED, "skipped")
+                return await answer
+
+            status, body = asyncio.run(scenario())
+        finally:
+            liar.close()
+            context.term()
+    report("stray cancelled", status=status, body=body)
+    assert (status, body["error"]["code"]) == (502, "worker_lost")
+    assert "fake-liar" in body["error"]["message"] and "not cancelled" in body["error"]["message"]
+
+
 def test_a_hung_model_trips_the_watchdog_and_its_work_moves(log_dir: Path) -> None:
     faulty = {"task": "python:tests.faults:FaultInjectingEmbeddings", "model_name": MODEL,
               "batch_timeout_ms": 1000} | HEARTBEAT
@@ -176,7 +208,7 @@ def test_a_hung_model_trips_the_watchdog_and_its_work_moves(log_dir: Path) -> No
         exit_code = stack["w1"].process.wait(30)
     report("watchdog", answer=stuck, exit_code=exit_code)
     assert exit_code == 70
-    assert stuck[0] in (500, 503) and stuck[1]["error"]["code"] in ("worker_error", "no_worker")
+    assert stuck[0] in (502, 503) and stuck[1]["error"]["code"] in ("worker_error", "no_worker")
 
 
 def test_a_caller_who_hangs_up_never_reaches_the_model(log_dir: Path) -> None:

@@ -120,12 +120,12 @@ def test_bad_inputs_get_their_documented_status(
     assert body["error"]["message"] and "Traceback" not in body["error"]["message"]
 
 
-def test_a_failing_model_input_is_a_500_without_internals(failing_stack: Daemon) -> None:
+def test_a_failing_model_input_is_a_502_without_internals(failing_stack: Daemon) -> None:
     url = f"{failing_stack.url}/models/tiny-fill-mask"
     status, _, body = http_json(url, {"inputs": "test [MASK]"})
     assert status == 200 and isinstance(body, list)
     status, _, body = http_json(url, {"inputs": ["test [MASK]", "hello " * 300 + "[MASK]"]})
-    assert status == 500 and body["error"]["code"] == "worker_error"
+    assert status == 502 and body["error"]["code"] == "worker_error"  # the worker's failure, not the gateway's
     assert "Traceback" not in body["error"]["message"] and "/" not in body["error"]["message"]
     status, _, body = http_json(url, {"inputs": "hello world"})
     assert status == 400 and body["error"]["code"] == "bad_request"

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.errors import BROKER_ERRORS, ERRORS, HTTP_ERROR_CODES
 from tests.gateway.inprocess import Answer, StubClient, call
-from zbatch.client import Overloaded, ZBatchError
+from zbatch.client import Overloaded, ZBatchError, raise_for_status
+from zbatch.protocol.wire import Reply, Status
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
@@ -19,7 +20,22 @@ def infer(stub: StubClient) -> Answer:
 
 
 def test_every_client_error_has_a_code() -> None:
-    assert set(BROKER_ERRORS) == set(ZBatchError.__subclasses__())
+    assert set(BROKER_ERRORS) == {ZBatchError, *ZBatchError.__subclasses__()}
+
+
+def test_only_the_gateways_own_faults_are_a_500() -> None:
+    """What a worker or the broker did wrong is a 502 (or a 503 while it cannot serve): never a 500."""
+    assert [code for code, error in ERRORS.items() if error.status == 500] == ["internal_error"]
+    assert {ERRORS[code].status for code in ("worker_error", "worker_lost", "upstream_error")} == {502}
+
+
+def test_a_status_the_gateway_does_not_know_is_a_502() -> None:
+    reply = Reply(b"r", Status.CANCELLED, "skipped")  # a status no client should ever see
+    with pytest.raises(ZBatchError) as raised:
+        raise_for_status(reply)
+    answer = infer(StubClient(raised.value))
+    assert (answer.status, answer.body["error"]["code"]) == (502, "upstream_error")
+    assert "cancelled" in answer.body["error"]["message"]
 
 
 def test_each_status_of_an_aiohttp_refusal_has_one_code() -> None:

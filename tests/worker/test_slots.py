@@ -12,7 +12,8 @@ from zbatch.protocol import wire
 
 def test_main_model_only_by_default() -> None:
     slots = model_slots(load_config([], {}))
-    assert list(slots) == ["all-MiniLM-L6-v2"] and slots["all-MiniLM-L6-v2"].max_batch_size == 32
+    assert list(slots) == ["all-MiniLM-L6-v2"] and slots["all-MiniLM-L6-v2"].max_batch_size == 0  # the device's
+    assert slots["all-MiniLM-L6-v2"].spec.max_batch_size == 0
 
 
 def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
@@ -31,7 +32,7 @@ def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
         ("name=x", "needs a path="),
         ("name=x,path=/p,colour=red", "expected key=value pairs"),
         ("name=all-MiniLM-L6-v2,path=/p", "served twice"),
-        ("name=x,path=/p,max_batch_size=0", "max_batch_size must be >= 1"),
+        ("name=x,path=/p,max_batch_size=-1", "max_batch_size must be >= 0"),
         ("name=x,path=/p,max_batch_delay_ms=soon", "must be numbers"),
     ],
 )
@@ -44,7 +45,7 @@ def test_ready_carries_each_models_details_and_drops_labels_that_would_crowd_it(
     config = load_config(["--extra-models", ";".join(f"name=m{i},path=/m/{i}" for i in range(8))], {})
     slots = model_slots(config)
     for slot in slots.values():
-        slot.details = ModelDetails(512, None, "float32", tuple(f"{j:03} " + "x" * 96 for j in range(256)))
+        slot.loaded(ModelDetails(512, None, "float32", tuple(f"{j:03} " + "x" * 96 for j in range(256))), 32)
     (alone,) = ready_infos(list(slots.values())[:1])  # 256 labels of 100 characters: 26 KB
     assert len(alone.labels) == 256
     infos = ready_infos(slots.values())  # 9 models of them: over half the meta limit

@@ -16,6 +16,7 @@ import pytest
 from tests.worker.tiny_models import make_tiny_bert
 from worker.runners import InputError, ModelSpec, Outputs, load_runner, operation_of
 from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.text import TextRunner
 
 TEXTS = ["hello world", "the cat is happy", "", "red " * 300, "Ünïcödé café 東京 🚀 and a dog"]
 LONG = 3  # TEXTS[LONG] is over the model's 128 tokens
@@ -148,3 +149,32 @@ def test_pipelines_count_tokens_and_tokenize_too(tmp_path: Path, tokenizer: Any)
     tokens = operation_of(runner, "tokenize")(["hello world"], {})
     assert isinstance(tokens, Outputs) and tokens.tokens == [4]
     assert runner.details.max_length == 128 and runner.details.dtype == "float32"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("head", ["feature-extraction", "rerank"])
+@pytest.mark.parametrize("parameters", [{}, {"truncation_direction": "left"}, {"truncate": False}])
+def test_encodings_are_what_transformers_gives_for_the_same_call(head: str, parameters: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    """The fast tokenizer is called directly (worker.runners.text._tokenized): rows, truncation and pairs as
+    ``tokenizer(texts, truncation=True, max_length=...)`` gives them, every call, whatever came before."""
+    from transformers import AutoTokenizer
+
+    path = make_tiny_bert(tmp_path, head)
+    runner = load_runner(ModelSpec("tiny", path, task="rerank" if head == "rerank" else "embeddings"))
+    assert isinstance(runner, TextRunner)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    inputs: list[Any] = TEXTS if head != "rerank" else [["is it " * 50, text] for text in TEXTS]
+    texts = [tuple(each) if isinstance(each, list) else each for each in inputs]
+    runner.encode(inputs, {"truncation_direction": "left"})  # settings of an earlier call must not stick
+    got = runner.encode(inputs, parameters)
+    truncate = parameters.get("truncate", True)
+    tokenizer.truncation_side = parameters.get("truncation_direction", "right")
+    want = tokenizer(texts, **({"truncation": True, "max_length": 128} if truncate else {}))
+    for index, encoding in enumerate(got):
+        if not truncate and len(want["input_ids"][index]) > 128:
+            assert isinstance(encoding, InputError) and "tokens and the model takes at most 128" in str(encoding)
+            continue
+        assert not isinstance(encoding, InputError)
+        assert sorted(encoding.rows) == sorted(key for key in want if key != "attention_mask")
+        for key, row in encoding.rows.items():
+            assert row.tolist() == want[key][index], (key, index)

@@ -29,6 +29,7 @@ EXAMPLES: dict[str, list[bytes]] = {
     "ready": wire.encode_ready(Ready((ModelInfo("m", "embeddings", 32),), 64, "w0", "h", 7, "cpu")),
     "heartbeat": wire.encode_heartbeat(),
     "heartbeat-worker": wire.encode_heartbeat(Heartbeat({"m": BatchCounters(2, 9, 1, 0)})),
+    "heartbeat-worker-busy": wire.encode_heartbeat(Heartbeat({"m": BatchCounters(2, 9, 1, 0, busy_ms=25)})),
     "heartbeat-capacity": wire.encode_heartbeat(Heartbeat(capacity=32)),
     "reply-declined": wire.encode_reply(Reply(RID, Status.DECLINED, "full")),
     "drain": wire.encode_drain(),

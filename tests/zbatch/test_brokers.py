@@ -37,9 +37,22 @@ def test_a_silent_broker_dies_after_interval_times_liveness_and_comes_back_when_
     assert fleet.silent() == [0]
     assert fleet.order() == [1] and fleet[0].deaths == 1
     assert fleet.silent() == []  # dead once
+    assert fleet[0].why == "after 3.01 s without an answer to heartbeats"
+    clock.now += 0.5
+    assert fleet[0].obituary(clock.now) == "was given up 0.50 s ago, after 3.01 s without an answer to heartbeats"
     assert fleet.heard(0) is True  # back
     assert fleet.heard(0) is False
     assert sorted(fleet.order()) == [0, 1]
+
+
+def test_a_late_look_gives_a_broker_up_late_and_says_how_late() -> None:
+    """Death is noticed when the client looks (its event loop's timer): a loaded host that keeps the loop
+    from running makes the silence measured at death longer than the liveness, and the obituary says so."""
+    clock = FakeClock()
+    fleet = brokers(clock)
+    clock.now += 4.2  # the timer due at 3 s ran 1.2 s late
+    assert fleet.silent() == [0, 1]
+    assert fleet[0].why == "after 4.20 s without an answer to heartbeats"
 
 
 def test_heartbeats_are_due_every_interval() -> None:
@@ -56,7 +69,7 @@ def test_a_lost_connection_is_a_death_at_once() -> None:
     clock = FakeClock()
     fleet = brokers(clock)
     assert fleet.lost(0) is True and fleet.lost(0) is False
-    assert fleet.order() == [1]
+    assert fleet.order() == [1] and fleet[0].why == "when its connection dropped"
 
 
 def test_requests_moved_away_from_a_dead_broker_are_cancelled_there_once_when_it_returns() -> None:

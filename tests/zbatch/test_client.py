@@ -46,51 +46,43 @@ def test_overload_is_retried_with_backoff_when_asked(log_dir: Path) -> None:
     assert all(isinstance(r, list) for r in with_retries)
 
 
-def test_an_overloaded_model_is_refused_here_while_one_request_asks_the_broker(log_dir: Path) -> None:
-    """The worker is paused (SIGSTOP), so the backlog stays full until SIGCONT."""
-    slow_heartbeats = {"heartbeat_ms": 2000, "heartbeat_liveness": 10}
-    worker = {"capacity": 1, "max_batch_size": 1} | slow_heartbeats
-    broker = {"max_backlog": 2} | slow_heartbeats
-    with running_stack(log_dir, workers=1, broker=broker, worker=worker, gateway=False) as stack:
+def test_the_breaker_refuses_here_only_what_the_broker_would_refuse(log_dir: Path) -> None:
+    """The worker is paused (SIGSTOP), so what the broker holds stays put until SIGCONT; a memory bound of 4
+    items, and no measured rate (the worker has run nothing), make the broker's verdicts exact: 1,000 ms."""
+    worker = {"capacity": 1, "max_batch_size": 1}
+    with running_stack(log_dir, workers=1, broker={"max_backlog": 4}, worker=worker, gateway=False) as stack:
         frontend = stack["broker"].frontend
 
         def refused_by_broker() -> int:
             stats = broker_stats(frontend) or {"models": {}}
             return int(stats["models"].get(MODEL, {}).get("requests", {}).get("overloaded", 0))
 
-        async def scenario() -> tuple[list[object], list[object], int, list[object]]:
+        async def scenario() -> tuple[list[object], list[object], int]:
             async with AsyncClient(frontend) as client:
                 stack["w1"].signal(signal.SIGSTOP)
                 try:
                     held = [asyncio.create_task(client.infer(MODEL, [f"held {i}"])) for i in range(3)]
+
                     def backlog() -> dict[str, Any]:
                         stats = broker_stats(frontend) or {"models": {}}
                         return dict(stats["models"].get(MODEL, {}))
 
                     await asyncio.to_thread(wait_until, lambda: backlog().get("backlog_items") == 2, 30,
                                             "one request on the paused worker and two waiting")
-                    first = await asyncio.gather(client.infer(MODEL, ["opens"]), return_exceptions=True)
-                    # The broker is paused too, so the probe's answer cannot come back before "local" is
-                    # issued (on a busy machine it otherwise can, and then "local" is rightly a new probe).
-                    stack["broker"].signal(signal.SIGSTOP)
-                    try:
-                        probe = asyncio.create_task(client.infer(MODEL, ["probe"]))
-                        local = await asyncio.gather(client.infer(MODEL, ["local"]), return_exceptions=True)
-                    finally:
-                        stack["broker"].signal(signal.SIGCONT)
-                    pair: list[object] = [*await asyncio.gather(probe, return_exceptions=True), *local]
+                    big = ["big"] * 3  # 2 waiting + 3 > 4: the broker refuses it
+                    refused: list[object] = [*await asyncio.gather(client.infer(MODEL, big), return_exceptions=True)]
+                    small = asyncio.create_task(client.infer(MODEL, ["small"]))  # 2 + 1 <= 4: admitted
+                    again = await asyncio.gather(client.infer(MODEL, big), return_exceptions=True)  # refused here
+                    refused += [*again]
                     refusals = await asyncio.to_thread(refused_by_broker)
                 finally:
                     stack["w1"].signal(signal.SIGCONT)
-                held_results: list[object] = list(await asyncio.gather(*held))
-                # The breaker is open: this one probes, gets in, and closes it for those that follow.
-                after: list[object] = [await client.infer(MODEL, ["after the pause"])]
-                after += await asyncio.gather(*(client.infer(MODEL, [f"after {i}"]) for i in range(3)),
-                                              return_exceptions=True)
-            return [*first, *pair], held_results, refusals, after
+                answered: list[object] = list(await asyncio.gather(*held, small))
+            return refused, answered, refusals
 
-        refused, held, broker_refusals, after = asyncio.run(scenario())
-    assert all(isinstance(r, Overloaded) for r in refused)
-    assert broker_refusals == 2  # "opens" and the probe; "local" never reached the broker
-    assert "moments ago" in str(refused[2])
-    assert all(isinstance(r, list) for r in [*held, *after])
+        refused, answered, broker_refusals = asyncio.run(scenario())
+    first, second = refused
+    assert isinstance(first, Overloaded) and isinstance(second, Overloaded)
+    assert broker_refusals == 1  # the second big request never reached the broker
+    assert "moments ago" in str(second) and 0 < (second.retry_after_ms or 0) <= 1_000
+    assert all(isinstance(r, list) for r in answered)  # the small request got in behind the refused big one

@@ -149,7 +149,7 @@ def test_without_replay_the_requests_of_a_dead_broker_fail_fast() -> None:
 
     answers = asyncio.run(scenario())
     failures = [a for a in answers if isinstance(a, BrokerUnavailable)]
-    assert len(failures) == 2 and "no answer to heartbeats" in failures[0].message
+    assert len(failures) == 2 and "without an answer to heartbeats" in failures[0].message
     assert [a[0] for a in answers if isinstance(a, list)] == ["b", "b"]
 
 

@@ -48,8 +48,18 @@ def test_worker_messages_round_trip() -> None:
     assert wire.decode_worker_message(wire.encode_ready(ready)) == ready
     heartbeat = Heartbeat({"m": BatchCounters(3, 40)})
     assert wire.decode_worker_message(wire.encode_heartbeat(heartbeat)) == heartbeat
+    busy = Heartbeat({"m": BatchCounters(3, 40, busy_ms=1234)})
+    assert wire.decode_worker_message(wire.encode_heartbeat(busy)) == busy
     assert wire.decode_worker_message(wire.encode_heartbeat()) == Heartbeat()
     assert wire.decode_worker_message(wire.encode_disconnect("bye")) == Disconnect("bye")
+
+
+def test_busy_time_is_optional_in_heartbeats_so_older_workers_stay_valid() -> None:
+    """An older worker sends no ``busy_ms``; a newer one leaves it out until its first batch has run."""
+    meta = msgpack.unpackb(wire.encode_heartbeat(Heartbeat({"m": BatchCounters(1, 2)}))[1])
+    assert meta == {"batches": {"m": {"batches": 1, "items": 2, "cancelled": 0, "expired": 0}}}
+    older = [wire.HEADERS[wire.Command.HEARTBEAT], msgpack.packb({"batches": {"m": {"batches": 1, "items": 2}}})]
+    assert wire.decode_worker_message(older) == Heartbeat({"m": BatchCounters(1, 2)})
 
 
 def test_ready_carries_what_the_dialects_need_to_know_about_a_model() -> None:
@@ -162,6 +172,17 @@ def test_payload_arrays_travel_as_little_endian_bytes() -> None:
 def test_payload_rejects_bad_extensions(ext: msgpack.ExtType) -> None:
     with pytest.raises(ProtocolError):
         payloads.decode_payload(msgpack.packb({"outputs": [ext]}))
+
+
+def test_a_payload_that_cannot_be_encoded_leaves_nothing_behind_for_the_next() -> None:
+    """The packer is reused per thread: a failed pack must not leak its partial bytes into the next payload."""
+    with pytest.raises(TypeError, match="cannot encode"):
+        payloads.encode_payload({"outputs": [np.ones(3, np.float32), object()]})
+    with pytest.raises(TypeError, match="cannot be sent"):
+        payloads.encode_payload({"outputs": [np.array(["text"])]})
+    body = {"outputs": [np.arange(4, dtype=np.float32)], "tokens": [4]}
+    decoded = payloads.decode_payload(payloads.encode_payload(body))
+    assert decoded["tokens"] == [4] and decoded["outputs"][0].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_payload_rejects_garbage_and_oversize() -> None:

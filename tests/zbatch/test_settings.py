@@ -16,7 +16,7 @@ from zbatch.tools.status import load_config as load_status_config
 
 
 def test_flag_beats_environment_beats_default() -> None:
-    assert load_config([], {}).max_backlog == 256
+    assert load_config([], {}).max_backlog == 262_144
     assert load_config([], {"ZBATCH_MAX_BACKLOG": "10"}).max_backlog == 10
     assert load_config(["--max-backlog", "20"], {"ZBATCH_MAX_BACKLOG": "10"}).max_backlog == 20
 
@@ -53,7 +53,7 @@ def _config_file(tmp_path: Path, text: str) -> str:
 def test_config_file_sits_between_environment_and_default(tmp_path: Path) -> None:
     path = _config_file(tmp_path, '[broker]\nmax_backlog = 30\nheartbeat_ms = 500\nmodels = ["a", "b"]\n'
                                   '[worker]\nmax_batch_size = 8\n')
-    assert load_config([], {}).max_backlog == 256
+    assert load_config([], {}).max_backlog == 262_144
     from_file = load_config(["--config", path], {})
     assert (from_file.max_backlog, from_file.heartbeat_ms, from_file.models) == (30, 500, ("a", "b"))
     assert load_config([], {"ZBATCH_CONFIG": path}).max_backlog == 30
@@ -109,7 +109,7 @@ def test_bad_config_files_fail_with_one_line_naming_file_and_key(
 
 def test_other_daemons_sections_are_not_checked_by_this_one(tmp_path: Path) -> None:
     path = _config_file(tmp_path, "[worker]\nno_such_setting = 1\n[gateway]\nport = 1\n")
-    assert load_config(["--config", path], {}).max_backlog == 256
+    assert load_config(["--config", path], {}).max_backlog == 262_144
 
 
 @pytest.mark.parametrize(("argv", "environ", "source"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -135,11 +136,15 @@ def runner_class(task: str) -> Any:
 
 def load_runner(spec: ModelSpec) -> Runner:
     """Load the model once on the calling thread, place it on its device, choose its runtime (torch, or ONNX
-    Runtime: :mod:`worker.runners.runtime`) and warm it up."""
+    Runtime: :mod:`worker.runners.runtime`) and warm it up.
+
+    The runner's ``spec`` is ``spec`` with its batch size resolved for the device.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     device = devices.resolve_device(spec.device)
-    dtype = devices.torch_dtype(spec.dtype, device)
+    dtype = devices.torch_dtype(spec.dtype, device, spec.path)
+    spec = dataclasses.replace(spec, max_batch_size=spec.max_batch_size or devices.batch_size(device))
     if not Path(spec.path).is_dir():
         raise ValueError(f"model folder {spec.path!r} for {spec.name!r} does not exist")
     if spec.dtype == "bfloat16" and device == "cpu" and devices.cpu_lacks_native_bfloat16():

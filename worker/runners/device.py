@@ -5,6 +5,7 @@ torch is imported inside the functions, so importing this module stays cheap.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+CPU_BATCH_SIZE = 32  # the default largest batch on the CPU, where a batch's time grows with its tokens
+ACCELERATOR_BATCH_SIZE = 128  # on CUDA, where a pass's time is mostly fixed (BENCHMARKS.md, the gpu case)
 NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # x86 CPU flags of bfloat16 arithmetic
 
 
@@ -37,20 +40,23 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def torch_dtype(requested: str, device: str) -> torch.dtype:
-    """Map the dtype option to torch: "auto" is float32; float16 is CUDA-only, bfloat16 runs anywhere.
+def torch_dtype(requested: str, device: str, model_path: str = "") -> torch.dtype:
+    """Map the dtype option to torch: "auto" is float32 on the CPU and float16 on CUDA (bfloat16 for a model
+    saved in bfloat16: such models can overflow float16's range); float16 is CUDA-only, bfloat16 runs anywhere.
 
-    bfloat16 is opt-in on every device because it changes the outputs slightly.
-    On a CPU with AVX512-BF16 or AMX it is several times faster than float32;
-    without them torch emulates it, so loading warns.  float16 on a CPU is
-    emulated and slower than float32, so it is refused there.
+    On CUDA, half precision runs several times faster than float32 and its
+    vectors match float32's to a cosine of 0.99999 (BENCHMARKS.md, the gpu
+    case).  On the CPU bfloat16 is opt-in because it changes the outputs
+    slightly: on a CPU with AVX512-BF16 or AMX it is several times faster
+    than float32; without them torch emulates it, so loading warns.  float16
+    on a CPU is emulated and slower than float32, so it is refused there.
     """
     import torch
 
     if requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; use one of {', '.join(DTYPES)}")
-    if requested in ("auto", "float32"):
-        return torch.float32
+    if requested == "auto":
+        requested = "float32" if not device.startswith("cuda") else saved_half_dtype(model_path) or "float16"
     if requested == "float16" and not device.startswith("cuda"):
         raise ValueError(
             f"dtype 'float16' needs a CUDA device but the model runs on {device}, where it is several times "
@@ -58,6 +64,21 @@ def torch_dtype(requested: str, device: str) -> torch.dtype:
         )
     dtype: torch.dtype = getattr(torch, requested)
     return dtype
+
+
+def saved_half_dtype(model_path: str) -> str | None:
+    """"bfloat16" for a model whose config says it was saved in bfloat16, else None."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    saved = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    return "bfloat16" if saved == "bfloat16" else None
+
+
+def batch_size(device: str) -> int:
+    """The largest batch when the model's own setting is 0: the device's default."""
+    return CPU_BATCH_SIZE if device == "cpu" else ACCELERATOR_BATCH_SIZE
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.packing import packer_for
 from worker.runners.spec import InputError, ModelSpec
 from worker.runners.text import TextRunner, flag, model_max_length
@@ -49,8 +50,16 @@ class EmbeddingRunner(TextRunner):
         model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
         super().__init__(spec, device, tokenizer, model, _max_length(spec.path, tokenizer, model.config))
         self._packer = packer_for(model, device)
+        use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
+        self._graphs = GraphedPooling(model, device) if use_graphs else None
         self.dimensions = int(model.config.hidden_size)
         self.details = replace(self.details, dimensions=self.dimensions)
+
+    def warm_up(self) -> None:
+        """Warm every shape up eagerly, then capture the CUDA graphs (:mod:`worker.runners.graphs`)."""
+        super().warm_up()
+        if self._graphs is not None and self.buckets is not None:
+            self._graphs.capture(self.buckets.shapes())
 
     def _options(self, parameters: dict[str, Any]) -> EmbeddingOptions:
         dimensions = parameters.get("dimensions")
@@ -65,6 +74,9 @@ class EmbeddingRunner(TextRunner):
         import torch
 
         with torch.inference_mode():
+            pooled = self._graphs.pooled(encoded) if self._graphs is not None else None
+            if pooled is not None:
+                return _finished(pooled, options)
             hidden = self._model(**encoded).last_hidden_state.float()  # pool in float32 even for half models
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

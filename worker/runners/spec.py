@@ -50,6 +50,8 @@ class ModelSpec:
     task: str = EMBEDDINGS_TASK
     device: str = "auto"
     dtype: str = "auto"
+    max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
+    cuda_graphs: str = "auto"  # on CUDA: which bucket shapes run as CUDA graphs (worker.runners.graphs)
     runtime: str = "torch"
     quantize: str = "none"
     onnx_cache: str = ""

@@ -47,6 +47,7 @@ import numpy as np
 
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 from worker.runners.packing import PackedBert
+from worker.runners.shapes import Buckets
 from worker.runners.spec import (
     InputError,
     InputKind,
@@ -195,6 +196,8 @@ class TextRunner:
         self._model = model
         self._length_grouping = True
         self._packer: PackedBert | None = None  # set by a subclass that can run packed groups
+        # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
+        self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1)
 
     def set_length_grouping(self, enabled: bool) -> None:
         """Trim padding (the default: length groups, or one packed pass), or run every batch as one padded pass.
@@ -211,8 +214,17 @@ class TextRunner:
             self.cost_model = calibrate(self._seconds_for)
 
     def warm_up(self) -> None:
-        """Run a tiny batch (lazy initialisation), then measure what padding costs on this device."""
+        """Run a tiny batch (lazy initialisation), then measure what padding costs on this device; on an
+        accelerator, run every bucket's shape once first, so that serving never meets a new one."""
         self.run([self.warm_up_input], {})
+        if self.buckets is not None:
+            started = time.perf_counter()
+            shapes = self.buckets.shapes()
+            for rows, length in shapes:
+                self._warm(rows, length)
+            log.info("model %s: %d shapes (up to %d rows of %d tokens) warmed up on %s in %.1f s", self.spec.name,
+                     len(shapes), self.buckets.max_rows, self.buckets.max_length, self.device,
+                     time.perf_counter() - started)
         self.cost_model = calibrate(self._seconds_for)
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
@@ -231,21 +243,41 @@ class TextRunner:
         check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS, self.spec.task)
         truncation = truncation_of(parameters)
         self._options(parameters)
-        limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
-        tokenizer = self._own_tokenizer()
-        with truncation_side(tokenizer, truncation.direction):
-            encoded = tokenizer(_texts(inputs), **limit)
-        keys = [key for key in encoded if key != "attention_mask"]
         results: list[Encoding | InputError] = []
-        for index in range(len(inputs)):
-            length = len(encoded["input_ids"][index])
-            if length > self.max_length:  # only untruncated
+        for encoding in self._tokenized(_texts(inputs), truncation):
+            if encoding.length > self.max_length:  # only untruncated
                 results.append(InputError(
-                    f"this input has {length} tokens and the model takes at most {self.max_length}: "
+                    f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
                     "shorten it, or let the model truncate it (parameter 'truncate': true)"))
             else:
-                results.append(Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys}))
+                results.append(encoding)
         return results
+
+    def _tokenized(self, texts: list[Any], truncation: Truncation) -> list[Encoding]:
+        """Each text (or pair) as the tokenizer encodes it without padding, truncated as asked.
+
+        A fast tokenizer is called directly (what transformers calls under its own Python, which costs more
+        than the encoding of a short text and holds the GIL meanwhile), with the settings transformers gives
+        it for ``tokenizer(texts, truncation=True, max_length=...)``; any other through transformers.
+        """
+        tokenizer = self._own_tokenizer()
+        backend = tokenizer.backend_tokenizer if tokenizer.is_fast else None
+        if backend is None:
+            limit = {"truncation": True, "max_length": self.max_length} if truncation.enabled else {}
+            with truncation_side(tokenizer, truncation.direction):
+                encoded = tokenizer(texts, **limit)
+            keys = [key for key in encoded if key != "attention_mask"]
+            return [Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys})
+                    for index in range(len(texts))]
+        if truncation.enabled:
+            backend.enable_truncation(self.max_length, strategy="longest_first", direction=truncation.direction)
+        else:
+            backend.no_truncation()
+        backend.no_padding()
+        types = "token_type_ids" in tokenizer.model_input_names
+        return [Encoding({"input_ids": np.asarray(each.ids, dtype=np.int64),
+                          **({"token_type_ids": np.asarray(each.type_ids, dtype=np.int64)} if types else {})})
+                for each in backend.encode_batch(texts)]
 
     def plan(self, encodings: Sequence[Encoding | InputError], parameters: dict[str, Any]) -> Planned:
         """The length groups of a batch of encodings, padded; numpy only, never torch."""
@@ -258,7 +290,10 @@ class TextRunner:
             modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
             packed = _concatenated([encodings[i] for i in runnable])  # type: ignore[misc]
             return Planned([(runnable, packed)], outputs, tokens, options, modelled, packed=True)
-        groups, modelled = self._groups(runnable, tokens)
+        if self.buckets is not None:  # padding costs little here, a new shape much: one group, in its bucket
+            groups, modelled = ([runnable] if runnable else []), 0.0
+        else:
+            groups, modelled = self._groups(runnable, tokens)
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
         return Planned(padded, outputs, tokens, options, modelled)
 
@@ -269,10 +304,10 @@ class TextRunner:
         self.modelled_seconds = planned.modelled_seconds
         outputs = list(planned.outputs)
         for group, arrays in planned.groups:
-            encoded = {key: torch.from_numpy(array).to(self.device) for key, array in arrays.items()}
+            encoded = {key: _to_device(torch.from_numpy(array), self.device) for key, array in arrays.items()}
             forward = self._forward_packed if planned.packed else self._forward
-            for index, output in zip(group, forward(encoded, planned.options), strict=True):
-                outputs[index] = output
+            for index, output in zip(group, forward(encoded, planned.options)[:len(group)], strict=True):
+                outputs[index] = output  # a bucket's filler rows come last: their outputs are dropped
         return Outputs(outputs, list(planned.tokens))
 
     def _own_tokenizer(self) -> Any:
@@ -305,23 +340,28 @@ class TextRunner:
         return [[runnable[i] for i in group] for group in plan], self.cost_model.seconds(plan, chosen)
 
     def _pad(self, encodings: list[Encoding]) -> dict[str, np.ndarray]:
-        """One group's rows padded to its longest, on the tokenizer's padding side, with its attention mask."""
+        """One group's rows padded to its longest (on an accelerator: to its bucket, filler rows added), on the
+        tokenizer's padding side, with its attention mask."""
         longest = max(each.length for each in encodings)
+        rows = len(encodings)
+        if self.buckets is not None:
+            longest, rows = self.buckets.length(longest), self.buckets.rows(rows)
         tokenizer = self._tokenizer
-        left = tokenizer.padding_side == "left"
         pads = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
         if pads["input_ids"] is None and any(each.length < longest for each in encodings):
             raise ValueError("this model's tokenizer has no padding token, so inputs of different lengths "
                              "cannot share a batch")
-        arrays = {key: np.full((len(encodings), longest), pads.get(key) or 0, dtype=np.int64)
-                  for key in encodings[0].rows}
-        mask = np.zeros((len(encodings), longest), dtype=np.int64)
-        for row, each in enumerate(encodings):
-            span = slice(longest - each.length, longest) if left else slice(0, each.length)
-            for key, values in each.rows.items():
-                arrays[key][row, span] = values
-            mask[row, span] = 1
-        return {**arrays, "attention_mask": mask}
+        filler = Encoding({key: values[:1] for key, values in encodings[0].rows.items()})  # one real token
+        return pad_rows([*encodings, *[filler] * (rows - len(encodings))], longest,
+                        {key: pads.get(key) or 0 for key in encodings[0].rows}, tokenizer.padding_side == "left")
+
+    def _warm(self, rows: int, length: int) -> None:
+        """Run one batch of ``rows`` inputs padded to ``length`` the way serving runs it, and wait for it."""
+        (sample,) = self.encode([self.warm_up_input], {})
+        assert isinstance(sample, Encoding)
+        tokens = Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})
+        arrays = pad_rows([tokens] * rows, length, dict.fromkeys(tokens.rows, 0), False)
+        self.run_planned(Planned([(list(range(rows)), arrays)], [None] * rows, [length] * rows, self._options({}), 0.0))
 
     def _seconds_for(self, rows: int, tokens: int) -> float:
         """Time one forward pass over ``rows`` inputs of exactly ``tokens`` tokens (for calibration)."""
@@ -339,6 +379,26 @@ class TextRunner:
             else:
                 self._model(**batch)[0].float().sum().item()  # .item() waits for a GPU to finish
         return time.perf_counter() - started
+
+
+def pad_rows(encodings: Sequence[Encoding], length: int, pads: dict[str, int], left: bool) -> dict[str, np.ndarray]:
+    """Each encoding's rows padded to ``length`` with ``pads`` (on the left if ``left``), and the attention mask."""
+    arrays = {key: np.full((len(encodings), length), pad, dtype=np.int64) for key, pad in pads.items()}
+    mask = np.zeros((len(encodings), length), dtype=np.int64)
+    for row, each in enumerate(encodings):
+        span = slice(length - each.length, length) if left else slice(0, each.length)
+        for key, values in each.rows.items():
+            arrays[key][row, span] = values
+        mask[row, span] = 1
+    return {**arrays, "attention_mask": mask}
+
+
+def _to_device(tensor: Any, device: str) -> Any:
+    """``tensor`` on ``device``; to an accelerator from pinned memory, without waiting for the copy (the model's
+    kernels queue behind it on the same stream)."""
+    if device == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _concatenated(encodings: list[Encoding]) -> dict[str, np.ndarray]:

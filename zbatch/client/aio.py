@@ -19,8 +19,8 @@ each ``heartbeat_ms``; one silent for ``heartbeat_ms × heartbeat_liveness``,
 or whose connection drops, is dead until it answers again.  What was
 outstanding at a dead broker is sent again to a live one (``replay``), or
 fails with :class:`BrokerUnavailable`.  The overload breaker
-(:mod:`zbatch.client.breaker`) is kept per broker: one broker's full backlog
-sends the next requests to the others rather than refusing them here.
+(:mod:`zbatch.client.breaker`) keeps each broker's verdicts apart: a request
+one broker would refuse goes to another rather than being refused here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 import random
 import struct
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from zbatch.client.breaker import OverloadBreaker, Ticket
+from zbatch.client.breaker import OverloadBreaker
 from zbatch.client.brokers import BrokerSet
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
@@ -65,8 +65,7 @@ class _Pending:
     broker: int
     request: Request | None = None  # None: a STATS, which belongs to its broker
     deadline: float = 0.0  # time.monotonic() of the request's own deadline, for a replay's timeout
-    key: Hashable = None  # the breaker's (broker, model, priority)
-    ticket: Ticket = Ticket.NORMAL
+    timeout_ms: int = 0  # its deadline as the broker counts it, for the breaker
     moved_from: set[int] = field(default_factory=set)
 
     @property
@@ -97,9 +96,10 @@ class AsyncClient:
 
         ``curve``: the brokers' public key and this client's key pair, for brokers with CURVE on.
 
-        ``fail_fast_overload``: once a broker refuses a model as overloaded, refuse further
-        requests for it (at that priority) here, at once, while one of them asks the broker
-        again (see :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
+        ``fail_fast_overload``: once a broker refuses a request as overloaded, refuse here, at once,
+        the requests it would refuse too until its ``retry_after_ms`` has passed: as large or larger,
+        with as short a deadline or shorter, at the same priority or lower (see
+        :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
 
         With several brokers: ``heartbeat_ms`` and ``heartbeat_liveness`` say how soon a dead or
         hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
@@ -117,7 +117,7 @@ class AsyncClient:
         self.replay = replay
         self.brokers = BrokerSet(self.endpoints, time.monotonic, heartbeat_s=heartbeat_ms / 1000,
                                  liveness=heartbeat_liveness)
-        self._breaker = OverloadBreaker() if fail_fast_overload else None
+        self._breaker = OverloadBreaker(time.monotonic) if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
         # With CURVE, a refused key never completes the handshake: requests fail fast.
         self._sockets = [open_socket(self._context, zmq.DEALER, connect=end, immediate=True, curve=curve)
@@ -194,18 +194,14 @@ class AsyncClient:
         request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace)
         own_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         pending = _Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
-                           time.monotonic() + own_ms / 1000)
+                           time.monotonic() + own_ms / 1000, own_ms)
         refusal = await self._place(pending)
         if refusal is not None:
             return refusal
-        reply: Reply | None = None
-        try:
-            reply = await self._wait(pending, own_ms + self.reply_grace_ms)
-            return reply
-        finally:
-            if self._breaker is not None:
-                overloaded = reply is not None and reply.status is Status.OVERLOADED
-                self._breaker.settle(pending.key, pending.ticket, overloaded, reply.retry_after_ms if reply else None)
+        reply = await self._wait(pending, own_ms + self.reply_grace_ms)
+        if self._breaker is not None and reply.status is Status.OVERLOADED:
+            self._breaker.refused((pending.broker, model), items, own_ms, priority, reply.retry_after_ms)
+        return reply
 
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
         """The broker's statistics: models, backlogs, workers, batches.
@@ -258,34 +254,31 @@ class AsyncClient:
         frames = wire.encode_request(request)
         give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
         while True:
-            refused: Hashable = None
+            wait_ms: list[int] = []  # from the brokers whose verdicts cover this request
             candidates = self.brokers.order()
             if not candidates:
                 raise BrokerUnavailable(self._nowhere_text())
             for index in candidates:
-                key = (index, request.model, request.priority)
-                ticket = Ticket.NORMAL if self._breaker is None else self._breaker.admit(key)
-                if ticket is None:
-                    refused = key
+                if self._breaker is not None and (ms := self._breaker.refusing(
+                        (index, request.model), request.items, pending.timeout_ms, request.priority)) is not None:
+                    wait_ms.append(ms)
                     continue
-                pending.broker, pending.key, pending.ticket = index, key, ticket
+                pending.broker = index
                 if self._try_send(index, frames):
                     self._pending[request.request_id] = pending
                     self.brokers[index].outstanding += request.items
                     return None
-                if self._breaker is not None:
-                    self._breaker.settle(key, ticket, False)
-            if refused is not None and pending.broker < 0:
-                return self._refused_here(request, refused)
+            if wait_ms and pending.broker < 0:
+                return self._refused_here(request, min(wait_ms))
             if time.monotonic() >= give_up_at:
                 raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
 
-    def _refused_here(self, request: Request, key: Hashable) -> Reply:
-        assert self._breaker is not None
+    @staticmethod
+    def _refused_here(request: Request, retry_after_ms: int) -> Reply:
         return Reply(b"", Status.OVERLOADED, f"model {request.model!r} is overloaded: the broker refused a request "
-                     "for it moments ago and is being asked again; retry later",
-                     retry_after_ms=self._breaker.retry_after_ms.get(key))
+                     f"at least as large, with a deadline at least as short, moments ago, and expects room for it in "
+                     f"{retry_after_ms} ms; retry then", retry_after_ms=retry_after_ms)
 
     def _nowhere_text(self) -> str:
         if len(self.endpoints) == 1:
@@ -336,7 +329,7 @@ class AsyncClient:
         """One broker's STATS answer, asked of that broker only."""
         self._ensure_reader()
         if not self.brokers[index].live and self.brokers.watch:
-            raise BrokerUnavailable(f"the broker at {self.endpoints[index]} is not answering heartbeats")
+            raise BrokerUnavailable(self._dead_text(index))
         request_id = self._new_id()
         pending = _Pending(request_id, asyncio.get_running_loop().create_future(), index)
         frames = wire.encode_stats_query(request_id)
@@ -394,7 +387,7 @@ class AsyncClient:
             self._poller.wake()
         if self.brokers.watch:
             if self.brokers.lost(index):
-                self._broker_died(index, "lost the connection")
+                self._broker_died(index)
             return
         lost = BrokerUnavailable(
             f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
@@ -433,21 +426,26 @@ class AsyncClient:
     def _watch(self) -> float | None:
         """After each wake: give up silent brokers, heartbeat every broker when due; the next wake."""
         for index in self.brokers.silent():
-            self._broker_died(index, f"no answer to heartbeats for {self.brokers.expiry_s:.1f} s")
+            self._broker_died(index)
         if self.brokers.heartbeat_due():
             for index in range(len(self._sockets)):
                 self._try_send(index, HEARTBEAT)
         return self.brokers.next_wakeup()
 
-    def _broker_died(self, index: int, why: str) -> None:
+    def _broker_died(self, index: int) -> None:
         """Move what is outstanding at a dead broker to live ones, or fail it."""
+        why = self._dead_text(index)
         for request_id, pending in list(self._pending.items()):
             if pending.broker != index or pending.future.done():
                 continue
             if pending.request is None or not self.replay or not self._replay(request_id, pending):
                 pending.future.set_exception(BrokerUnavailable(
-                    f"the broker at {self.endpoints[index]} {why}; the request may not have run"
+                    f"{why}; the request may not have run"
                     + ("" if pending.request is None or not self.replay else ", and no other broker is live")))
+
+    def _dead_text(self, index: int) -> str:
+        return (f"the broker at {self.endpoints[index]} is not answering heartbeats: it "
+                f"{self.brokers[index].obituary(self.brokers.clock())}")
 
     def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
         """Send a request again to the best live broker (not one of ``avoid``), with the time left;
@@ -461,9 +459,6 @@ class AsyncClient:
                                              remaining_ms, request.priority, request.trace))
         for index in self.brokers.order():
             if index not in avoid and self._try_send(index, frames):
-                if self._breaker is not None:  # the old broker's probe ends; the new one is asked plainly
-                    self._breaker.settle(pending.key, pending.ticket, False)
-                pending.key, pending.ticket = (index, request.model, request.priority), Ticket.NORMAL
                 pending.broker = index
                 pending.moved_from.add(old)
                 self.brokers.moved(request_id, old, index, request.items)

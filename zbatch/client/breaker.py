@@ -1,69 +1,95 @@
-"""Fail fast under overload: after the broker refuses a model, refuse here while one request asks it again.
+"""Fail fast under overload, for exactly what the broker would refuse too: the client's overload breaker.
 
 Theory of operation
 -------------------
-When the broker answers "overloaded" for a model, the next requests for it
-would almost all be refused too, each after a round trip through the broker.
-Under a flood that round trip is most of the refusal's cost and latency.  So
-the client keeps a small circuit breaker per (model, priority)::
+The broker refuses a request when the work ahead of it would keep it past
+its own deadline (PROTOCOL.md 6.1), and its ``retry_after_ms`` says when
+room for it is expected.  Until then the broker would refuse that request
+again, and any request that waits behind at least as much work and may
+wait no longer: as many items or more, a deadline as short or shorter, the
+same priority or a lower one.  So the breaker keeps the broker's
+**verdicts**, per (broker, model)::
 
-    CLOSED --an "overloaded" answer--> OPEN --next request is sent as the probe--> PROBING
-      ^                                  ^                                            |
-      |                                  +---------- the probe: "overloaded" ---------+
-      +--------------------- the probe: any other outcome ---------------------------+
+    Verdict(until=now + retry_after_ms, items, timeout_ms, priority)
 
-* CLOSED: every request goes to the broker.
-* OPEN: the next request goes to the broker as the probe.
-* PROBING: requests are refused here, at once, until the probe's answer comes.
+and a request that a live verdict **covers** is refused here, at once, with
+the time the verdict has left as its ``retry_after_ms``.  Everything else
+goes to the broker, which alone knows: a one-text request after a refused
+32-text one, a request with a longer deadline, one of higher priority.  So
+the breaker never refuses what the broker would admit, as far as the
+broker's own answer tells, and under a flood most refusals cost no round
+trip.
 
-The breaker never holds a request back longer than one broker round trip
-behind the broker's own verdict, and has no time constant to tune: as soon
-as the backlog has room, the probe is admitted and the breaker closes.  A
-probe that ends any other way (an error, a timeout, the caller giving up)
-closes it too, so it can never stick.  Priorities are separate keys: a flood
-of low-priority requests never gets high-priority ones refused here.
+A verdict ends by itself when its time is up; there is no probe to send and
+no state to close, so the breaker cannot stick.  A refusal without a
+``retry_after_ms`` leaves no verdict: there is no telling how long it holds.
+Verdicts are few (``MAX_VERDICTS`` per key): a new one replaces those it
+makes redundant, and past the count the one ending first goes.
 
-Plain state with no I/O, driven by :class:`zbatch.client.AsyncClient`.
+Plain state with an injected clock and no I/O, driven by
+:class:`zbatch.client.AsyncClient`.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+MAX_VERDICTS = 8  # per (broker, model)
 
 
-class Ticket(enum.Enum):
-    """How a request may go: to the broker as usual, or as the probe of an open breaker."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The broker refused a request of ``items`` items, deadline ``timeout_ms``, at ``priority``, until ``until``."""
 
-    NORMAL = "normal"
-    PROBE = "probe"
+    until: float
+    items: int
+    timeout_ms: int
+    priority: int
+
+    def covers(self, items: int, timeout_ms: int, priority: int) -> bool:
+        """Whether a request like this one would be refused too: no smaller, no more patient, no more urgent."""
+        return items >= self.items and timeout_ms <= self.timeout_ms and priority >= self.priority
+
+    def implies(self, other: Verdict) -> bool:
+        """Whether this verdict covers every request ``other`` does, for at least as long."""
+        return self.covers(other.items, other.timeout_ms, other.priority) and self.until >= other.until
 
 
 class OverloadBreaker:
-    def __init__(self) -> None:
-        # Absent: closed.  False: open, the next request is the probe.  True: the probe is out.
-        self._probe_out: dict[Hashable, bool] = {}
-        self.retry_after_ms: dict[Hashable, int | None] = {}  # the broker's last hint, for local refusals
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._verdicts: dict[Hashable, list[Verdict]] = {}
 
-    def admit(self, key: Hashable) -> Ticket | None:
-        """How the next request for ``key`` may go; None: refuse it here."""
-        probe_out = self._probe_out.get(key)
-        if probe_out is None:
-            return Ticket.NORMAL
-        if probe_out:
+    def refusing(self, key: Hashable, items: int, timeout_ms: int, priority: int) -> int | None:
+        """None if the request may go to the broker; else how many ms until the broker expects room for it."""
+        verdicts = self._verdicts.get(key)
+        if not verdicts:
             return None
-        self._probe_out[key] = True
-        return Ticket.PROBE
+        now = self.clock()
+        if all(v.until <= now for v in verdicts):
+            del self._verdicts[key]  # keys do not pile up after the overload
+            return None
+        remaining = [v.until - now for v in verdicts if v.until > now and v.covers(items, timeout_ms, priority)]
+        if not remaining:
+            return None
+        return max(1, round(min(remaining) * 1000))
 
-    def settle(self, key: Hashable, ticket: Ticket, overloaded: bool, retry_after_ms: int | None = None) -> None:
-        """Record how a request sent with ``ticket`` ended: refused as overloaded, or anything else."""
-        if overloaded:
-            self.retry_after_ms[key] = retry_after_ms
-            if ticket is Ticket.PROBE or key not in self._probe_out:
-                self._probe_out[key] = False  # open: the next request probes
-        elif ticket is Ticket.PROBE:
-            self._probe_out.pop(key, None)  # closed: the broker took it, or it ended some other way
-            self.retry_after_ms.pop(key, None)
+    def refused(self, key: Hashable, items: int, timeout_ms: int, priority: int, retry_after_ms: int | None) -> None:
+        """The broker refused such a request as ``overloaded`` and said when to retry."""
+        if not retry_after_ms:
+            return
+        now = self.clock()
+        verdict = Verdict(now + retry_after_ms / 1000, items, timeout_ms, priority)
+        kept = [v for v in self._verdicts.get(key, ()) if v.until > now and not verdict.implies(v)]
+        if any(v.implies(verdict) for v in kept):
+            return
+        kept.append(verdict)
+        if len(kept) > MAX_VERDICTS:
+            kept.remove(min(kept, key=lambda v: v.until))
+        self._verdicts[key] = kept
 
-    def is_closed(self, key: Hashable) -> bool:
-        return key not in self._probe_out
+    def verdicts(self, key: Hashable) -> list[Verdict]:
+        """The live verdicts for ``key`` (for tests and statistics)."""
+        now = self.clock()
+        return [v for v in self._verdicts.get(key, ()) if v.until > now]

@@ -40,6 +40,13 @@ class Broker:
     outstanding: int = 0  # items sent there and not answered yet
     moved_away: set[bytes] = field(default_factory=set)
     deaths: int = 0
+    died_at: float = 0.0  # when it was last given up
+    why: str = ""  # and why, with the silence measured then
+
+    def obituary(self, now: float) -> str:
+        """Why and when it was given up, for the errors of what it had: the measured silence, which is the
+        liveness plus however late this client's own clock noticed it (a loaded host delays that)."""
+        return f"was given up {now - self.died_at:.2f} s ago, {self.why}"
 
 
 class BrokerSet:
@@ -92,16 +99,16 @@ class BrokerSet:
 
     def lost(self, index: int) -> bool:
         """Its connection dropped; True if it was live (it is dead now)."""
-        return self._die(index) if self.watch else False
+        return self._die(index, "when its connection dropped") if self.watch else False
 
     def silent(self) -> list[int]:
         """The live brokers that have been silent too long: each is dead from now on."""
         if not self.watch:
             return []
-        deadline = self.clock() - self.expiry_s
-        silent = [i for i, broker in enumerate(self.brokers) if broker.live and broker.last_heard < deadline]
+        now = self.clock()
+        silent = [i for i, broker in enumerate(self.brokers) if broker.live and broker.last_heard < now - self.expiry_s]
         for index in silent:
-            self._die(index)
+            self._die(index, f"after {now - self.brokers[index].last_heard:.2f} s without an answer to heartbeats")
         return silent
 
     def heartbeat_due(self) -> bool:
@@ -133,10 +140,11 @@ class BrokerSet:
         ids, broker.moved_away = sorted(broker.moved_away), set()
         return ids
 
-    def _die(self, index: int) -> bool:
+    def _die(self, index: int, why: str) -> bool:
         broker = self.brokers[index]
         if not broker.live:
             return False
         broker.live = False
         broker.deaths += 1
+        broker.died_at, broker.why = self.clock(), why
         return True

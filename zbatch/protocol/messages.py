@@ -143,12 +143,15 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class BatchCounters:
-    """Cumulative counts of one worker for one model: what ran, and what was skipped."""
+    """Cumulative counts of one worker for one model: what ran, what was skipped, and the milliseconds its
+    batches took (``busy_ms``, from which the broker measures the model's service rate; 0 from a worker
+    that does not report it)."""
 
     batches: int = 0
     items: int = 0
     cancelled: int = 0
     expired: int = 0
+    busy_ms: int = 0
 
 
 COUNTER_KEYS: Final = frozenset(f.name for f in dataclasses.fields(BatchCounters))

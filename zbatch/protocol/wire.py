@@ -222,10 +222,19 @@ def encode_heartbeat(heartbeat: Heartbeat | None = None) -> list[bytes]:
         return [HEADERS[Command.HEARTBEAT]]
     meta: dict[str, Any] = {}
     if heartbeat.batches:
-        meta["batches"] = {name: dataclasses.asdict(c) for name, c in heartbeat.batches.items()}
+        meta["batches"] = {name: counters_meta(c) for name, c in heartbeat.batches.items()}
     if heartbeat.capacity is not None:
         meta["capacity"] = heartbeat.capacity
     return [HEADERS[Command.HEARTBEAT], pack(meta)]
+
+
+def counters_meta(counters: BatchCounters) -> dict[str, int]:
+    """A heartbeat's counters of one model; ``busy_ms`` is left out while 0, as a worker that does not measure it
+    sends them (PROTOCOL.md 3.7)."""
+    meta = dataclasses.asdict(counters)
+    if not counters.busy_ms:
+        del meta["busy_ms"]
+    return meta
 
 
 def encode_disconnect(reason: str = "") -> list[bytes]:

@@ -24,7 +24,7 @@ from zbatch.runtime.logs import setup_logging
 from zbatch.supervisor.config import ServeConfig, load_config
 from zbatch.supervisor.policy import Backoff, Supervision
 from zbatch.supervisor.shell import Shell, child_watchdog_s
-from zbatch.supervisor.stack import STOP_ORDER, build
+from zbatch.supervisor.stack import STOP_ORDER, build, worker_devices
 
 log = logging.getLogger("zbatch.serve")
 
@@ -42,8 +42,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     shell = Shell("zbatch-serve", supervision, stack.programs, log,
                   stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP), serving=lambda: serving_line(config))
     brokers = len(config.brokers)
-    log.info("starting %d broker%s, %d worker%s and the gateway on port %d; SIGTERM or Ctrl-C stops them",
-             brokers, "" if brokers == 1 else "s", config.workers, "" if config.workers == 1 else "s", config.port)
+    devices = worker_devices(config, os.environ)
+    gpus = sorted(set(devices) - {""})
+    on = f" on {len(gpus)} GPU{'' if len(gpus) == 1 else 's'} ({', '.join(gpus)})" if gpus else ""
+    log.info("starting %d broker%s, %d worker%s%s and the gateway on port %d; SIGTERM or Ctrl-C stops them",
+             brokers, "" if brokers == 1 else "s", len(devices), "" if len(devices) == 1 else "s", on, config.port)
     sys.exit(asyncio.run(shell.run()))
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from zbatch.client.aio import REPLY_GRACE_MS
 from zbatch.runtime.settings import CONFIG_ENV, env_name
 from zbatch.supervisor.config import ServeConfig
+from zbatch.supervisor.gpus import gpu_devices, workers_per_gpu
 from zbatch.supervisor.policy import STOP_MARGIN_S, Unit
 from zbatch.supervisor.shell import Program
 
@@ -58,16 +59,31 @@ def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | No
         name = "broker" if len(brokers) == 1 else f"broker-{i}"
         units.append(Unit(name, "broker", broker_s))
         programs[name] = Program(_module("broker", "--frontend", frontend, "--backend", backend), env)
-    for i in range(config.workers):
+    devices = worker_devices(config, environ)
+    for i, device in enumerate(devices):
         name = f"worker-{i}"
         units.append(Unit(name, "worker", worker_s, after=("broker",)))
+        pinned = ("--device", device) if device else ()
         programs[name] = Program(_module("worker", "--name", name, "--backend", config.backend,
-                                         "--workers", str(config.workers)), env)
+                                         "--workers", str(len(devices)), *pinned), env)
     units.append(Unit("gateway", "gateway", gateway_s, after=("broker",)))
     programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
                                           "--frontend", config.frontend, "--processes", str(config.processes)),
                                   env)
     return Stack(units, programs)
+
+
+def worker_devices(config: ServeConfig, environ: Mapping[str, str]) -> list[str]:
+    """Each worker's ``--device``: ``workers_per_gpu`` on each GPU (:mod:`zbatch.supervisor.gpus`), or
+    ``workers`` unpinned ones ("") on a host without GPUs, with ``gpus`` none, or where ZBATCH_DEVICE is set."""
+    if config.workers == 0:
+        return []
+    gpus = "none" if config.gpus == "auto" and env_name("device") in environ else config.gpus
+    devices = gpu_devices(gpus, environ)
+    if not devices:
+        return [""] * config.workers
+    per_gpu = config.workers_per_gpu or workers_per_gpu(os.cpu_count() or 1, len(devices))
+    return [device for device in devices for _ in range(per_gpu)]
 
 
 def daemon_setting(section: str, name: str, default: int, environ: Mapping[str, str],

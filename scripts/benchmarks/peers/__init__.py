@@ -15,7 +15,9 @@ import os
 import socket
 
 MODEL_NAME = "all-MiniLM-L6-v2"  # the name each peer serves the model under
-MAX_BATCH = 32  # items per forward pass at most
+# On a GPU host (the gpu case) the peer runs where and as zbatch's worker does there: these say how.
+DEVICE_ENV, DTYPE_ENV, MAX_BATCH_ENV = "ZBATCH_PEER_DEVICE", "ZBATCH_PEER_DTYPE", "ZBATCH_PEER_MAX_BATCH"
+MAX_BATCH = int(os.environ.get(MAX_BATCH_ENV, "32"))  # items per forward pass at most
 WAIT_MS = 5.0  # how long a peer's batcher may hold the first item for more to arrive
 TORCH_THREADS = 2  # the whole machine's cores, as the zbatch worker's --torch-threads in the bench
 MAX_TOKENS = 256  # truncation: the model's max_seq_length (its sentence_bert_config.json)

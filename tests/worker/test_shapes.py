@@ -1,0 +1,164 @@
+"""Accelerator shapes: buckets, bucketed plans (their filler rows never reach an answer), the graphed BERT pass,
+and the device defaults (dtype, batch size).
+
+The bucket path is what a runner takes on CUDA; here it is switched on for a runner on the CPU, which is the
+only thing that differs, so its plans and outputs are checked against the plain ones with real models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from tests.worker.tiny_models import make_tiny_bert
+from worker.runners import ModelSpec, default_model_path, load_runner
+from worker.runners.device import batch_size, torch_dtype
+from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.graphs import bert_pooled, graphable
+from worker.runners.shapes import LENGTHS, Buckets
+from worker.runners.text import Planned, TextRunner
+
+TEXTS = ["hello world", "the cat is happy", "", "a dog and a cat in the night " * 3, "big", "red " * 40]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> TextRunner:
+    runner = load_runner(ModelSpec("minilm", default_model_path()))
+    assert isinstance(runner, TextRunner)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory: pytest.TempPathFactory) -> TextRunner:
+    runner = load_runner(ModelSpec("rerank", make_tiny_bert(tmp_path_factory.mktemp("rr"), "rerank"), "rerank"))
+    assert isinstance(runner, TextRunner)
+    return runner
+
+
+def test_lengths_and_rows_round_up_to_few_buckets_within_the_model_and_batch() -> None:
+    buckets = Buckets(max_length=256, max_rows=128)
+    assert [buckets.length(n) for n in (1, 16, 17, 33, 65, 129, 200, 256, 300)] == [
+        16, 16, 32, 48, 96, 192, 256, 256, 256]
+    assert [buckets.rows(n) for n in (1, 2, 3, 5, 33, 100, 128)] == [1, 2, 4, 8, 64, 128, 128]
+    assert buckets.lengths == [16, 32, 48, 64, 96, 128, 192, 256]
+    assert buckets.row_counts == [1, 2, 4, 8, 16, 32, 64, 128]
+    shapes = buckets.shapes()
+    assert len(shapes) == 64 and shapes[0] == (128, 256) and shapes[-1] == (1, 16)
+    assert all(buckets.length(n) >= n for n in range(1, 257)) and all(buckets.rows(n) >= n for n in range(1, 129))
+
+
+def test_buckets_end_at_the_models_own_maximum_and_batch_size() -> None:
+    buckets = Buckets(max_length=100, max_rows=48)
+    assert buckets.lengths == [16, 32, 48, 64, 96, 100] and buckets.length(97) == 100
+    assert buckets.row_counts == [1, 2, 4, 8, 16, 32, 48] and buckets.rows(40) == 48
+    assert Buckets(max_length=8, max_rows=1).shapes() == [(1, 8)]
+    assert max(LENGTHS) >= 8192  # long-context encoders still get buckets
+    with pytest.raises(ValueError, match="positive"):
+        Buckets(0, 1)
+
+
+@pytest.mark.parametrize("fixture", ["minilm", "reranker"])
+def test_a_bucketed_plan_pads_to_its_bucket_and_answers_exactly_the_plain_outputs(
+        fixture: str, request: pytest.FixtureRequest) -> None:
+    runner: TextRunner = request.getfixturevalue(fixture)
+    inputs: list[object] = list(TEXTS) if fixture == "minilm" else [["is it", text] for text in TEXTS]
+    plain = runner.run(inputs, {})
+    runner.buckets = Buckets(runner.max_length, 8)
+    runner.set_length_grouping(False)  # on the CPU the embedder would pack; on CUDA it never does
+    try:
+        planned = runner.plan(runner.encode(inputs, {}), {})
+        assert isinstance(planned, Planned) and not planned.packed and len(planned.groups) == 1
+        ((group, arrays),) = planned.groups
+        assert group == list(range(len(inputs)))
+        longest = max(planned.tokens)
+        assert arrays["input_ids"].shape == (8, runner.buckets.length(longest))
+        assert arrays["attention_mask"][len(inputs):].sum(axis=1).tolist() == [1, 1]  # filler: one real token
+        bucketed = runner.run_planned(planned)
+    finally:
+        runner.buckets = None
+        runner.set_length_grouping(True)
+    assert len(bucketed) == len(plain) and bucketed.tokens == plain.tokens  # type: ignore[attr-defined]
+    for mine, theirs in zip(bucketed, plain, strict=True):
+        assert np.allclose(np.asarray(mine, dtype=np.float64), np.asarray(theirs, dtype=np.float64), atol=1e-5)
+
+
+def test_warm_up_runs_every_bucket_once(minilm: TextRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, ...]] = []
+    forward = minilm._forward
+
+    def recording(encoded: dict[str, torch.Tensor], options: object) -> list[object]:
+        seen.append(tuple(encoded["input_ids"].shape))
+        return forward(encoded, options)
+
+    monkeypatch.setattr(minilm, "_forward", recording)
+    minilm.buckets = Buckets(64, 4)
+    try:
+        minilm.warm_up()
+    finally:
+        minilm.buckets = None
+        minilm.warm_up()  # calibrated again for the tests after this one
+    assert set(Buckets(64, 4).shapes()) <= set(seen)
+
+
+def test_the_graphed_pass_is_the_models_own_pass(minilm: TextRunner, tmp_path: Path) -> None:
+    """What a CUDA graph records (worker.runners.graphs.bert_pooled) equals transformers' forward, mean-pooled."""
+    tiny = load_runner(ModelSpec("tiny", make_tiny_bert(tmp_path, "feature-extraction")))
+    for runner in (minilm, tiny):
+        assert isinstance(runner, EmbeddingRunner) and graphable(runner._model)
+        runner.set_length_grouping(False)
+        try:
+            planned = runner.plan(runner.encode(TEXTS, {}), {})
+        finally:
+            runner.set_length_grouping(True)
+        for group, arrays in planned.groups:
+            encoded = {key: torch.from_numpy(array) for key, array in arrays.items()}
+            with torch.inference_mode():
+                hidden = runner._model(**encoded).last_hidden_state
+                mask = encoded["attention_mask"].unsqueeze(-1).float()
+                want = (hidden * mask).sum(1) / mask.sum(1)
+                got = bert_pooled(runner._model, encoded["input_ids"],
+                                  encoded.get("token_type_ids", torch.zeros_like(encoded["input_ids"])),
+                                  encoded["attention_mask"])
+            assert got.dtype == torch.float32 and got.shape == (len(group), hidden.shape[-1])
+            assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_models_the_graphed_pass_does_not_know_stay_eager(tmp_path: Path) -> None:
+    from transformers import AutoModelForMaskedLM
+
+    masked = AutoModelForMaskedLM.from_pretrained(make_tiny_bert(tmp_path, "fill-mask"))
+    assert not graphable(masked.eval())  # a head on top: not a bare encoder
+    bare = load_runner(ModelSpec("tiny", make_tiny_bert(tmp_path / "bare", "feature-extraction")))
+    assert isinstance(bare, EmbeddingRunner)
+    assert not graphable(bare._model.train()) and graphable(bare._model.eval())
+
+
+def test_auto_dtype_is_float32_on_the_cpu_and_half_on_cuda(tmp_path: Path) -> None:
+    saved_bf16 = tmp_path / "bf16"
+    saved_bf16.mkdir()
+    (saved_bf16 / "config.json").write_text(json.dumps({"model_type": "bert", "dtype": "bfloat16"}))
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_text(json.dumps({"model_type": "bert", "torch_dtype": "bfloat16"}))
+    assert torch_dtype("auto", "cpu", default_model_path()) is torch.float32
+    assert torch_dtype("auto", "cpu", str(saved_bf16)) is torch.float32
+    assert torch_dtype("auto", "cuda", default_model_path()) is torch.float16
+    assert torch_dtype("auto", "cuda:1", str(saved_bf16)) is torch.bfloat16
+    assert torch_dtype("auto", "cuda", str(legacy)) is torch.bfloat16
+    assert torch_dtype("auto", "cuda", str(tmp_path / "missing")) is torch.float16
+    assert torch_dtype("float32", "cuda") is torch.float32  # asked for: kept
+
+
+def test_the_default_batch_size_follows_the_device() -> None:
+    assert batch_size("cpu") == 32 and batch_size("cuda") == batch_size("cuda:3") == 128
+    runner = load_runner(ModelSpec("minilm", default_model_path()))
+    assert runner.spec.max_batch_size == 32  # resolved at load from 0, the setting's default
+    assert load_runner(ModelSpec("minilm", default_model_path(), max_batch_size=7)).spec.max_batch_size == 7
