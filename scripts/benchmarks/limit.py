@@ -53,12 +53,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", help="the model's weights dtype, as the worker's --dtype")
     parser.add_argument("--runtime", default="torch", help="torch or onnx (ONNX Runtime), as the worker's --runtime")
+    parser.add_argument("--quantize", default="none", help="none or int8 (ONNX Runtime), as the worker's --quantize")
     args = parser.parse_args()
     import torch
 
-    runner = load(args.threads, dtype=args.dtype, runtime=args.runtime)
+    runner = load(args.threads, dtype=args.dtype, runtime=args.runtime, quantize=args.quantize)
     print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "runtime": getattr(runner, "runtime", f"torch {torch.__version__}")}), flush=True)
+                      "runtime": getattr(runner, "runtime", f"torch {torch.__version__}"),
+                      "graph": str(getattr(runner._model, "path", ""))}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
         runner.set_length_grouping(bool(order.get("grouped")))
