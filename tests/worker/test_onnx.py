@@ -193,6 +193,8 @@ def test_a_session_per_thread_count_follows_the_ledgers_grant(default_pair: tupl
     assert model.counts == thread_counts(torch.get_num_threads())
     for count, session in model.sessions.items():
         assert session.get_session_options().intra_op_num_threads == count
+        # idle threads sleep: no spinning on cores the ledger hands to another worker
+        assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     previous = torch.get_num_threads()
     used: list[int] = []
     for count in model.counts:

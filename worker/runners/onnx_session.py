@@ -22,8 +22,10 @@ that count.  Sessions are made at load for :func:`thread_counts`, every
 power of two below the full count and the full count itself, so no batch
 waits for a session to be built and memory stays at a few copies of the
 weights; a grant between two counts runs on the lower one, so the worker
-never runs more threads than it was granted.  Idle ORT threads spin only
-briefly, then sleep, so they leave the cores to the next worker.
+never runs more threads than it was granted.  ORT's threads do not spin
+while they wait (its default spins through the gaps between batches, on
+cores the ledger has handed to another worker): they sleep and leave the
+cores to the next worker.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def make_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 4  # fatal only: a failing run raises, and the worker says why
+    # ORT's idle pool threads spin by default, here for the whole gap between two runs (14-20 ms of CPU in a
+    # 20 ms gap): a worker that just ran a batch would take the cores the ledger hands to the next one.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
