@@ -13,7 +13,11 @@ seconds:
 * ``2 workers, fixed 2 threads``: both on 2-thread sessions, 4 threads on 2
   cores (what one session per worker, made for the lone case, would do).
 
-Printed as a Markdown table of texts/s summed over the processes.
+Printed as a Markdown table of texts/s summed over the processes.  With
+``--idle``: instead, what ORT's idle threads cost between batches, for each
+spinning setting: a 2-thread session runs batch 1, then waits 20 ms, 40 times;
+the CPU the process burns while it waits is what a worker would take from the
+cores the ledger hands to the next one.
 """
 
 from __future__ import annotations
@@ -62,10 +66,49 @@ def measure(processes: int, threads: int, batch_size: int, seconds: float) -> fl
     return float(total)
 
 
+SPIN_SETTINGS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("spinning (ORT's default)", {}),
+    ("force_spinning_stop", {"session.force_spinning_stop": "1"}),
+    ("no spinning (zbatch)", {"session.intra_op.allow_spinning": "0"}))
+
+
+def idle_cost(gap_s: float = 0.02, runs: int = 40) -> None:
+    """Per spinning setting: a batch-1 run's time and the CPU burnt in the gap after it."""
+    import onnxruntime
+
+    from scripts.benchmarks.model import load
+
+    runner = load(2, runtime="onnx")
+    arrays = runner._pad(runner.encode(["a short text to embed"], {}))  # type: ignore[arg-type]  # refuses none
+    feed = runner._model.feed(arrays)
+    print("| ORT setting, 2 threads | ms a run | CPU ms burnt in the 20 ms after each run |")
+    print("|---|---|---|")
+    for name, entries in SPIN_SETTINGS:
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+        for key, value in entries.items():
+            options.add_session_config_entry(key, value)
+        session = onnxruntime.InferenceSession(str(runner._model.path), options, providers=["CPUExecutionProvider"])
+        session.run(None, feed)
+        run_s = idle_s = 0.0
+        for _ in range(runs):
+            began = time.perf_counter()
+            session.run(None, feed)
+            run_s += time.perf_counter() - began
+            cpu = time.process_time()
+            time.sleep(gap_s)
+            idle_s += time.process_time() - cpu
+        print(f"| {name} | {run_s / runs * 1000:.1f} | {idle_s / runs * 1000:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--idle", action="store_true", help="measure the idle threads' CPU between batches instead")
     args = parser.parse_args()
+    if args.idle:
+        idle_cost()
+        return
     shapes = (("1 worker, 2 threads", 1, 2), ("1 worker, 1 thread", 1, 1), ("2 workers, ledger (1 thread each)", 2, 1),
               ("2 workers, fixed 2 threads each", 2, 2))
     print("| processes | " + " | ".join(f"batch {b}, texts/s" for b in BATCH_SIZES) + " |")
