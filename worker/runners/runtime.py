@@ -76,11 +76,11 @@ def unsupported(spec: ModelSpec, device: str, runner: Any) -> str:
     """Why ONNX Runtime cannot serve this model here ("" if it can try)."""
     if device != "cpu":
         return f"it runs on {device}, where torch serves it (this worker carries ONNX Runtime's CPU build)"
+    if head_of(runner) is None:
+        return f"task {spec.task} has no ONNX runner (embeddings, rerank and text classification have)"
     dtype = str(getattr(getattr(runner, "_model", None), "dtype", "")).removeprefix("torch.")
     if dtype != "float32":
         return f"its weights are {dtype or 'of no known dtype'}; the ONNX export runs float32"
-    if head_of(runner) is None:
-        return f"task {spec.task} has no ONNX runner (embeddings, rerank and text classification have)"
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
