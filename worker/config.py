@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from worker.requests import InputLimits
 from worker.runners.graphs import GRAPH_SETTINGS
+from worker.runners.spec import QUANTIZE, RUNTIMES
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.memory import FREED_MEMORY
@@ -38,6 +39,15 @@ class WorkerConfig:
     dtype: str = option("auto", "weights dtype (auto: float32 on the CPU, float16 on CUDA, bfloat16 there for a "
                         "model saved in bfloat16); float16 needs CUDA; bfloat16 also suits CPUs with AVX512-BF16 or "
                         "AMX, 2-3x faster there", choices=DTYPES)
+    runtime: str = option("auto", "what runs text models (embeddings, rerank, text-classification): auto: ONNX "
+                          "Runtime on the CPU where the model's export validates against torch, torch elsewhere "
+                          "(GPUs, other tasks, dtypes other than float32); torch; onnx: ONNX Runtime or no start",
+                          choices=RUNTIMES)
+    quantize: str = option("none", "int8: ONNX Runtime's dynamic int8 quantization of the weights, kept only where "
+                           "its outputs stay at cosine >= 0.98 to torch's (close to float32, not equal)",
+                           choices=QUANTIZE)
+    onnx_cache: str = option("", "folder of the exported ONNX graphs, shared by the workers that start together "
+                             "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")
     max_batch_size: int = option(0, "most items in one batch (0: 32 on the CPU, 128 on CUDA)", minimum=0)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
                               "graph captured before READY (auto; 1.9-9.6x the eager pass on an H200), or "
@@ -45,8 +55,8 @@ class WorkerConfig:
     max_batch_delay_ms: float = option(
         5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)
     extra_models: str = option(
-        "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,max_batch_size=..,"
-        "max_batch_delay_ms=..,cuda_graphs=..]' separated by ';' (unset keys: the main model's)")
+        "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,runtime=..,quantize=..,"
+        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..]' separated by ';' (unset keys: the main model's)")
     capacity: int = option(0, "items accepted in flight (0: two of the main model's batches)", minimum=0)
     max_inputs: int = option(256, "most inputs in one request, from any caller (bad_request beyond)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input, from any caller (bad_request beyond)",

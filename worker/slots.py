@@ -19,11 +19,13 @@ from worker.batching import BatchPolicy
 from worker.config import WorkerConfig
 from worker.runners import DEFAULT_MODEL_NAME, ModelDetails, ModelSpec, default_model_path
 from worker.runners.graphs import GRAPH_SETTINGS
+from worker.runners.runtime import check_settings
 from zbatch.protocol.wire import MAX_META_BYTES, BatchCounters, ModelInfo, Status, pack
 from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from zbatch.runtime.settings import parse_entries
 
-SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms", "cuda_graphs"}
+SPEC_KEYS = {"name", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size", "max_batch_delay_ms",
+             "cuda_graphs"}
 LABELS_BUDGET_BYTES = MAX_META_BYTES // 2  # READY's labels, all models together; the rest of READY is small
 
 
@@ -69,7 +71,8 @@ def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
     path = config.model_path or default_model_path()
     main_name = config.model_name or (os.path.basename(path.rstrip("/")) if config.model_path else DEFAULT_MODEL_NAME)
     main = {"name": main_name, "path": path, "task": config.task, "device": config.device,
-            "dtype": config.dtype, "max_batch_size": str(config.max_batch_size),
+            "dtype": config.dtype, "runtime": config.runtime, "quantize": config.quantize,
+            "onnx_cache": config.onnx_cache, "max_batch_size": str(config.max_batch_size),
             "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs}
     slots: dict[str, ModelSlot] = {}
     for fields in [main, *parse_extra_models(config.extra_models, defaults=main)]:
@@ -83,7 +86,7 @@ def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
 def parse_extra_models(text: str, defaults: dict[str, str]) -> list[dict[str, str]]:
     """``name=a,path=/m/a,task=fill-mask;name=b,path=/m/b`` -> one settings map per model.
 
-    Device, dtype and batch settings not given are the main model's.
+    Device, dtype, runtime, quantization and batch settings not given are the main model's.
     """
     models = []
     for given in parse_entries(text, SPEC_KEYS, "extra model"):
@@ -105,5 +108,6 @@ def _slot(fields: dict[str, str]) -> ModelSlot:
     if fields["cuda_graphs"] not in GRAPH_SETTINGS:
         raise ValueError(f"model {fields['name']!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
     spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"], batch_size,
-                     fields["cuda_graphs"])
+                     fields["cuda_graphs"], fields["runtime"], fields["quantize"], fields["onnx_cache"])
+    check_settings(spec)
     return ModelSlot(spec, batch_size, BatchPolicy(batch_size, delay_ms / 1000))

@@ -20,6 +20,11 @@ bfloat16 too (rows ``limit-bf16``), and against float32 zbatch-http in the
 same rounds when that case runs as well.  The Hugging Face guide's servers
 stay float32, as the guide writes them.
 
+``onnx`` (:mod:`scripts.benchmarks.cases_onnx`) is the model alone on ONNX
+Runtime (rows ``limit-onnx``, next to the torch limit's) and the shipped
+stack (``--runtime auto``: ONNX Runtime) against the same stack with
+``--runtime torch``, in the same rounds.
+
 ``peers`` (:mod:`scripts.benchmarks.cases_peers`) is zbatch over HTTP next to
 other serving frameworks, at the end of each concurrency's points: its own
 zbatch points (the ``zbatch-serve`` stack, then the one-worker stack), then
@@ -33,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.benchmarks import batches, cases_peers, procs
+from scripts.benchmarks import batches, cases_onnx, cases_peers, procs
 from scripts.benchmarks.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.common import Context, ZbatchStack, row, system_key
 from scripts.benchmarks.load import closed_loop, quiet
@@ -42,19 +47,22 @@ from scripts.benchmarks.texts import shuffled
 from zbatch.client import AsyncClient
 
 CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16",
-         "peers")
+         cases_onnx.CASE, "peers")
 SYSTEM_NAMES = {"zbatch-http": "zbatch gateway", "zbatch-zmq": "zbatch AsyncClient",
                 "zbatch-serve": "zbatch, scripts/serve (2 workers)",
                 "baseline-naive": "HF guide, naive", "baseline-batched": "HF guide, batched",
                 "zbatch-bf16": "zbatch gateway, bfloat16"}
 # (batch size, padding-aware grouping) of each limit case's points.
 LIMIT_POINTS = {"limit": ((1, False), (8, False), (32, False), (32, True)),
-                "limit-bf16": ((1, False), (32, False), (32, True))}
-LIMIT_DTYPES = {"limit": "float32", "limit-bf16": "bfloat16"}
-LIMIT_OF_CASE = {"limit": "limit", "zbatch-bf16": "limit-bf16"}  # limit-bf16 is not a case: zbatch-bf16 brings it
+                "limit-bf16": ((1, False), (32, False), (32, True)),
+                cases_onnx.LIMIT: ((1, False), (8, False), (32, False), (32, True))}
+LIMIT_SETTINGS = {"limit": ("float32", "torch"), "limit-bf16": ("bfloat16", "torch"),
+                  cases_onnx.LIMIT: ("float32", "onnx")}  # (dtype, runtime) of each limit process
+# limit-bf16 and limit-onnx are not cases: zbatch-bf16 and onnx bring them (onnx compares with torch's limit too)
+LIMITS_OF_CASE = {"limit": ("limit",), "zbatch-bf16": ("limit-bf16",), cases_onnx.CASE: ("limit", cases_onnx.LIMIT)}
 # Each limit's points are measured right before the systems compared with it, at the matching concurrency.
 GROUPS = (("limit", ("zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "peers")),
-          ("limit-bf16", ("zbatch-bf16",)))
+          ("limit-bf16", ("zbatch-bf16",)), (cases_onnx.LIMIT, (cases_onnx.CASE,)))
 # the limit each system is held to (the peers case has no ratio to a limit)
 LIMIT_OF_SERVED = {served: limit for limit, cases in GROUPS for served in cases if served in SYSTEM_NAMES}
 
@@ -78,13 +86,15 @@ def needs(selected: list[str]) -> set[str]:
     wanted = {"limit": {"limit"}, "zbatch-http": {"zbatch"}, "zbatch-zmq": {"zbatch"}, "zbatch-serve": {"serve"},
               "baseline-naive": {"naive"}, "baseline-batched": {"batched"},
               "zbatch-bf16": {system_key("zbatch", "bfloat16"), system_key("limit", "bfloat16")},
+              cases_onnx.CASE: {"serve", "serve-torch", "limit", "limit-onnx"},
               "peers": {"serve", "zbatch", "peers"}}
     return set().union(*(wanted[case] for case in selected if case in wanted))
 
 
 def _limit_cases(selected: list[str]) -> list[str]:
     """The limit cases (rows of the model called directly) the selected cases measure."""
-    return [LIMIT_OF_CASE[case] for case in selected if case in LIMIT_OF_CASE]
+    limits = [limit for case in selected for limit in LIMITS_OF_CASE.get(case, ())]
+    return list(dict.fromkeys(limits))
 
 
 async def run(ctx: Context, selected: list[str]) -> None:
@@ -101,6 +111,7 @@ async def run(ctx: Context, selected: list[str]) -> None:
         ctx.rows.append(row(case, system, concurrency, _median(rounds), rounds=rounds,
                             worker_batches=batches.merge([r.get("worker_batches", {}) for r in rounds])))
     _pair(ctx.rows)
+    cases_onnx.pair(ctx.rows)
     if "peers" in selected:
         cases_peers.pair(ctx.rows)
         notes = (await ctx.peers()).notes()
@@ -130,7 +141,7 @@ def _round(ctx: Context, selected: list[str], measures: Makers) -> list[tuple[Po
 def _limit_point(ctx: Context, case: str, batch_size: int, grouped: bool) -> tuple[Point, Measure]:
     async def measure() -> dict[str, Any]:
         s = ctx.settings
-        limit = await ctx.limit(LIMIT_DTYPES[case])
+        limit = await ctx.limit(*LIMIT_SETTINGS[case])
         return await limit.measure(batch_size, grouped, s.warmup_s, s.duration_s)
 
     return Point(case, limit_name(batch_size, grouped), "-"), measure
@@ -140,7 +151,7 @@ async def _measures(ctx: Context, selected: list[str]) -> Makers:
     """Start the systems (limit first: it is the reference) and return the measure-makers of each served case."""
     s = ctx.settings
     for case in _limit_cases(selected):
-        await ctx.limit(LIMIT_DTYPES[case])
+        await ctx.limit(*LIMIT_SETTINGS[case])
     makers: Makers = {}
     if "zbatch-http" in selected or "zbatch-zmq" in selected:
         stack = await ctx.zbatch()
@@ -150,6 +161,9 @@ async def _measures(ctx: Context, selected: list[str]) -> Makers:
             makers["zbatch-zmq"] = [(SYSTEM_NAMES["zbatch-zmq"], _zbatch_maker(ctx, stack, http=False))]
     if "zbatch-serve" in selected:
         makers["zbatch-serve"] = [(SYSTEM_NAMES["zbatch-serve"], _zbatch_maker(ctx, await ctx.serve(), http=True))]
+    if cases_onnx.CASE in selected:  # the shipped stack, then the same with --runtime torch: an A/B by flag
+        makers[cases_onnx.CASE] = [(cases_onnx.AUTO, _zbatch_maker(ctx, await ctx.serve(), http=True)),
+                                   (cases_onnx.TORCH, _zbatch_maker(ctx, await ctx.serve("torch"), http=True))]
     if "zbatch-bf16" in selected:
         makers["zbatch-bf16"] = [(SYSTEM_NAMES["zbatch-bf16"], _zbatch_maker(ctx, await ctx.zbatch("bfloat16"),
                                                                               http=True))]

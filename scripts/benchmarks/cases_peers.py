@@ -1,7 +1,8 @@
 """The peers case: zbatch next to other serving frameworks, each serving the same model the same way.
 
 Infinity, mosec and Triton (through PyTriton, the real ``tritonserver`` and its dynamic batcher)
-are the peers the issue names; LitServe and Ray Serve join them.  Each runs from a small server
+are the peers the issue names; LitServe and Ray Serve join them, and infinity again with its ONNX
+engine (``--engine optimum``, issue 34).  Each runs from a small server
 script of ours (``scripts/benchmarks/peers/``, written from the peer's documentation) in its own
 virtual environment, installed on demand (:mod:`scripts.benchmarks.venvs`), started through the
 same harness as every other system.  All serve all-MiniLM-L6-v2 from the same folder with zbatch's
@@ -80,6 +81,11 @@ PEERS = (
          lambda text: {"model": MODEL_NAME, "input": [text]}, lambda answer: answer["data"][0]["embedding"],
          "its own FastAPI server (uvicorn, uvloop) and sentence-transformers code; batch 32, its fixed 5 ms "
          "batch_delay, a length-sorted queue; OpenAI-style /embeddings"),
+    Peer("infinity_onnx", "Infinity, --engine optimum", "infinity-emb", ("infinity-emb[server,optimum,torch]==0.0.78",),
+         "/embeddings", "/health", lambda text: {"model": MODEL_NAME, "input": [text]},
+         lambda answer: answer["data"][0]["embedding"],
+         "the same server with engine optimum: the model exported to ONNX by Hugging Face Optimum and run by ONNX "
+         "Runtime (what infinity offers CPU users for speed); batch 32, 5 ms batch_delay"),
     Peer("mosec", "mosec", "mosec", ("mosec==0.9.8", TRANSFORMERS), "/inference", "/", gateway_body,
          lambda answer: answer, "its Rust HTTP server and batcher (max_batch_size 32, max_wait_time 5 ms), one "
          "Python worker process, default JSON"),

@@ -85,11 +85,13 @@ def _start_zbatch(daemons: Daemons, dtype: str) -> ZbatchStack:
     return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}", [worker.endpoints["metrics"]])
 
 
-def _start_serve(daemons: Daemons) -> ZbatchStack:
+def _start_serve(daemons: Daemons, runtime: str = "") -> ZbatchStack:
     """What ``scripts/serve`` starts: a broker, its default 2 workers and the gateway with its default settings
-    (``--processes 0``: one process per core), into ``daemons``."""
+    (``--processes 0``: one process per core), into ``daemons``; ``runtime``: the workers' ``--runtime``
+    ("": their default)."""
     broker = daemons.add(start_broker(daemons.log_dir))
-    workers = procs.start_serve_workers(daemons, broker, SERVE_WORKERS)
+    flags = {"runtime": runtime} if runtime else {}
+    workers = procs.start_serve_workers(daemons, broker, SERVE_WORKERS, **flags)
     url = procs.start_deployed_gateway(daemons, broker, processes=0)  # the gateway's default: one per core
     return ZbatchStack(daemons, broker.frontend, f"{url}/models/{MODEL}",
                        [worker.endpoints["metrics"] for worker in workers])
@@ -130,18 +132,22 @@ class Context:
             self._stacks[key] = await procs.start(Daemons(), _start_zbatch, dtype)
         return self._stacks[key]
 
-    async def serve(self) -> ZbatchStack:
-        """The stack as ``scripts/serve`` ships it (system key "serve")."""
-        if "serve" not in self._stacks:
-            procs.log(f"starting the scripts/serve stack: broker, {SERVE_WORKERS} workers sharing the cores, gateway")
-            self._stacks["serve"] = await procs.start(Daemons(), _start_serve)
-        return self._stacks["serve"]
+    async def serve(self, runtime: str = "") -> ZbatchStack:
+        """The stack as ``scripts/serve`` ships it (system key "serve"), or with its workers' ``--runtime``
+        set (system key "serve-RUNTIME")."""
+        key = f"serve-{runtime}" if runtime else "serve"
+        if key not in self._stacks:
+            procs.log(f"starting the scripts/serve stack: broker, {SERVE_WORKERS} workers sharing the cores, gateway"
+                      + (f"; --runtime {runtime}" if runtime else ""))
+            self._stacks[key] = await procs.start(Daemons(), _start_serve, runtime)
+        return self._stacks[key]
 
-    async def limit(self, dtype: str = "float32") -> LimitProcess:
-        key = system_key("limit", dtype)
+    async def limit(self, dtype: str = "float32", runtime: str = "torch") -> LimitProcess:
+        """The model called directly (system key "limit", "limit-bfloat16", or "limit-onnx" on ONNX Runtime)."""
+        key = system_key("limit", dtype) + ("" if runtime == "torch" else f"-{runtime}")
         if key not in self._limits:
-            procs.log(f"starting the limit process (the model called directly, {dtype})")
-            self._limits[key] = await LimitProcess.start(dtype=dtype)
+            procs.log(f"starting the limit process (the model called directly, {dtype}, {runtime})")
+            self._limits[key] = await LimitProcess.start(dtype=dtype, runtime=runtime)
         return self._limits[key]
 
     async def baseline(self, mode: str) -> Baseline:

@@ -52,11 +52,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", help="the model's weights dtype, as the worker's --dtype")
+    parser.add_argument("--runtime", default="torch", help="torch or onnx (ONNX Runtime), as the worker's --runtime")
+    parser.add_argument("--quantize", default="none", help="none or int8 (ONNX Runtime), as the worker's --quantize")
     args = parser.parse_args()
     import torch
 
-    runner = load(args.threads, dtype=args.dtype)
-    print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+    runner = load(args.threads, dtype=args.dtype, runtime=args.runtime, quantize=args.quantize)
+    print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "runtime": getattr(runner, "runtime", f"torch {torch.__version__}"),
+                      "graph": str(getattr(runner._model, "path", ""))}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
         runner.set_length_grouping(bool(order.get("grouped")))
@@ -73,10 +77,10 @@ class LimitProcess:
         self.info = info
 
     @classmethod
-    async def start(cls, threads: int = 2, dtype: str = "float32") -> LimitProcess:
+    async def start(cls, threads: int = 2, dtype: str = "float32", runtime: str = "torch") -> LimitProcess:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scripts.benchmarks.limit", "--threads", str(threads), "--dtype", dtype, cwd=ROOT,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable, "-m", "scripts.benchmarks.limit", "--threads", str(threads), "--dtype", dtype,
+            "--runtime", runtime, cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         return cls(process, await cls._read(process))
 
     async def measure(self, batch_size: int, grouped: bool, warmup_s: float, duration_s: float) -> dict[str, Any]:

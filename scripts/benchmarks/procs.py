@@ -160,14 +160,14 @@ def start_model_worker(daemons: Daemons, broker: Daemon, dtype: str = "float32")
     return worker
 
 
-def start_serve_workers(daemons: Daemons, broker: Daemon, workers: int = 2) -> list[Daemon]:
+def start_serve_workers(daemons: Daemons, broker: Daemon, workers: int = 2, **settings: Any) -> list[Daemon]:
     """``workers`` real workers as ``scripts/serve`` starts them (``--workers N``, sharing the cores through
-    their cores ledger), metrics on."""
+    their cores ledger), metrics on; ``settings`` as their flags (``runtime="torch"``, say)."""
     started = []
     for index in range(workers):
         port = free_port()
         worker = daemons.add(start_worker(broker, daemons.log_dir, f"worker-{index}", wait=False, workers=workers,
-                                          device="cpu", metrics_port=port))
+                                          device="cpu", metrics_port=port, **settings))
         worker.endpoints["metrics"] = f"http://127.0.0.1:{port}/metrics"
         started.append(worker)
     for worker in started:

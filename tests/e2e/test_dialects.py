@@ -6,13 +6,15 @@ gateway whose TEI routes point at them.  The official ``openai`` SDK,
 ``huggingface_hub.InferenceClient`` and ``tritonclient.http`` talk to the
 gateway only (``HF_HUB_OFFLINE=1``); TEI's routes are called with plain HTTP
 and the JSON TEI documents.  The vectors of every dialect agree with each
-other and with sentence-transformers.
+other and with sentence-transformers; text models run on ONNX Runtime (the workers'
+default ``--runtime auto``) and their outputs match torch's.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -219,6 +221,33 @@ def test_tei_routes_answer_tei_json(url: str, reference: np.ndarray) -> None:
     assert status == 200 and info["model_id"] == MODEL and info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["model_dtype"] == "float32" and info["max_client_batch_size"]
     assert http_status_of(f"{url}/health") == 200
+
+
+def test_text_models_run_on_onnx_runtime_with_torchs_outputs(served: Daemons, url: str, reference: np.ndarray,
+                                                              tmp_path: Path) -> None:
+    """The workers' default runtime (auto) serves every text model here on ONNX Runtime; the vectors above
+    match sentence-transformers on every dialect, and the rerank and classification scores match torch's."""
+    from worker.runners import ModelSpec, load_runner
+
+    for worker, models in (("w1", (MODEL,)), ("w2", (RERANK, CLASSIFY))):
+        log = served[worker].log_path.read_text(errors="replace")
+        for model in models:
+            assert f"model {model} runs on ONNX Runtime" in log, served[worker].log()
+    query, texts = "what is red", ["red", "a dog", " ".join(["blue"] * 200)]
+    status, _, ranks = post(f"{url}/rerank", {"query": query, "texts": texts, "raw_scores": True})
+    assert status == 200
+    torch_rerank = load_runner(ModelSpec("t", make_tiny_bert(tmp_path, "rerank"), task="rerank", device="cpu"))
+    expected = torch_rerank.run([[query, text] for text in texts], {"raw_scores": True})
+    np.testing.assert_allclose([r["score"] for r in sorted(ranks, key=lambda r: r["index"])], expected, rtol=1e-5,
+                               atol=1e-6)
+    status, _, labels = post(f"{url}/predict", {"inputs": [["good day"], ["good", "bad"]], "raw_scores": True})
+    assert status == 200
+    torch_classify = load_runner(ModelSpec("c", make_tiny_bert(tmp_path, "text-classification"),
+                                           task="text-classification", device="cpu"))
+    for got, want in zip(labels, torch_classify.run(["good day", ["good", "bad"]], {"raw_scores": True}),
+                         strict=True):
+        assert {p["label"]: p["score"] for p in got} == pytest.approx({p["label"]: p["score"] for p in want},
+                                                                      abs=1e-5)
 
 
 def http_status_of(url: str) -> int:

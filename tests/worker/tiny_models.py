@@ -1,6 +1,6 @@
 """Build tiny, randomly initialised models on disk so tests never touch the network.
 
-BERT with any head (a cross-encoder for ``rerank`` too), GPT-2, a ViT image
+BERT with any head (a cross-encoder for ``rerank`` too), GPT-2, a Longformer, a ViT image
 classifier and a YOLOS object detector (no timm), and images made by Pillow.
 
 Plain functions (no pytest imports) so any test module or script can reuse them;
@@ -77,6 +77,29 @@ def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
     torch.manual_seed(0)
     model = classes[head](config).eval()
     model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def make_tiny_longformer(tmp_path: Path | str) -> str:
+    """Save a tiny Longformer encoder (attention window 4) with the BERT vocab's tokenizer.
+
+    Its forward pads each batch to a multiple of the window with Python integers taken from the
+    input's shape, so a traced ONNX export bakes in the example's length and fails on other
+    lengths: a model whose export really does not validate.
+    """
+    import torch
+    from transformers import BertTokenizerFast, LongformerConfig, LongformerModel
+
+    folder = Path(tmp_path) / "tiny-longformer"
+    shutil.rmtree(folder, ignore_errors=True)
+    write_vocab(folder)
+    tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, model_max_length=64)
+    config = LongformerConfig(vocab_size=len(SPECIAL_TOKENS) + len(WORDS), hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=37, max_position_embeddings=80,
+                              attention_window=4, pad_token_id=0)
+    torch.manual_seed(0)
+    LongformerModel(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
 

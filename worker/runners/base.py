@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from worker.runners import device as devices
+from worker.runners import runtime
 from worker.runners.classify import SequenceClassifier
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.images import ImageRunner
@@ -134,7 +135,8 @@ def runner_class(task: str) -> Any:
 
 
 def load_runner(spec: ModelSpec) -> Runner:
-    """Load the model once on the calling thread, place it on its device and warm it up.
+    """Load the model once on the calling thread, place it on its device, choose its runtime (torch, or ONNX
+    Runtime: :mod:`worker.runners.runtime`) and warm it up.
 
     The runner's ``spec`` is ``spec`` with its batch size resolved for the device.
     """
@@ -148,6 +150,7 @@ def load_runner(spec: ModelSpec) -> Runner:
     if spec.dtype == "bfloat16" and device == "cpu" and devices.cpu_lacks_native_bfloat16():
         log.warning("model %s: this CPU has neither AVX512-BF16 nor AMX, so torch emulates bfloat16 and it may "
                     "run slower than float32; measure it, or give this model dtype float32", spec.name)
-    runner: Runner = runner_class(spec.task)(spec, device, dtype)
+    runtime.check_settings(spec)
+    runner: Runner = runtime.choose(spec, device, runner_class(spec.task)(spec, device, dtype))
     runner.warm_up()
     return runner

@@ -25,6 +25,8 @@ IMAGE_TASKS = ("image-classification", "object-detection")
 CUSTOM_TASK_PREFIX = "python:"
 RUN, TOKENIZE = "run", "tokenize"  # a request's operations: run the model, or only its tokenizer
 OPERATIONS = (RUN, TOKENIZE)
+RUNTIMES = ("auto", "torch", "onnx")  # what runs a text model: ONNX Runtime where it validates (auto), or one
+QUANTIZE = ("none", "int8")  # int8: ONNX Runtime's dynamic quantization, where it still validates
 
 
 class InputError(ValueError):
@@ -36,7 +38,12 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to serve: a public name, a local model folder, the task and where/how to run it."""
+    """What to serve: a public name, a local model folder, the task and where/how to run it.
+
+    ``runtime`` defaults to torch here, so a caller that builds a spec gets the plain transformers model;
+    the worker's ``--runtime`` defaults to auto (:mod:`worker.runners.runtime`).  ``onnx_cache``: where
+    exported graphs are kept ("": the default, :func:`worker.runners.onnx_export.cache_dir`).
+    """
 
     name: str
     path: str
@@ -45,6 +52,9 @@ class ModelSpec:
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
     cuda_graphs: str = "auto"  # on CUDA: which bucket shapes run as CUDA graphs (worker.runners.graphs)
+    runtime: str = "torch"
+    quantize: str = "none"
+    onnx_cache: str = ""
 
 
 def default_model_path() -> str:
