@@ -37,8 +37,10 @@ class GatewayConfig:
         "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
-    tei_model: str = option("", "model behind TEI's /embed, /similarity, /tokenize, /info and /health; "
-                                "empty: the default model")
+    tei_model: str = option("", "model behind TEI's /embed, /embed_all, /similarity, /tokenize, /decode, /info "
+                                "and /health; empty: the default model")
+    tei_sparse_model: str = option("", "model behind TEI's /embed_sparse (a sparse-embeddings model); empty: the "
+                                       "TEI model")
     tei_rerank_model: str = option("", "model behind TEI's /rerank (a rerank model); empty: the TEI model")
     tei_predict_model: str = option("", "model behind TEI's /predict (a text-classification model); empty: "
                                         "the TEI model")
@@ -110,7 +112,8 @@ class GatewayConfig:
     def tei_models(self) -> dict[str, str]:
         """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route)."""
         main = self.tei_model or self.default_model
-        return {"/embed": main, "/similarity": main, "/tokenize": main, "/info": main, "/health": main,
+        return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
+                "/info": main, "/health": main, "/embed_sparse": self.tei_sparse_model or main,
                 "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
 
     @property

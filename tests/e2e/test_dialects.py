@@ -291,8 +291,8 @@ def test_models_listing_says_which_dialects_answer_each_model(url: str) -> None:
     by_name = {model["name"]: model for model in listing["models"]}
     assert by_name[MODEL]["task"] == "embeddings"
     assert "POST /v1/embeddings" in by_name[MODEL]["dialects"]["openai"]
-    assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /similarity", "POST /tokenize",
-                                                 "GET /info", "GET /health"]
+    assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /embed_all", "POST /similarity",
+                                                 "POST /tokenize", "POST /decode", "GET /info", "GET /health"]
     assert by_name[RERANK]["dialects"]["tei"] == ["POST /rerank"]
     assert by_name[CLASSIFY]["dialects"]["tei"] == ["POST /predict"]
     assert "tei" not in by_name[VIT]["dialects"] and "openai" not in by_name[VIT]["dialects"]

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.dialects.tensors import OutputTensor, encode_answer
+from gateway.dialects.kserve import encode_answer
+from gateway.tensors import OutputTensor
 from tests.gateway.inprocess import CONFIG, Answer, StubClient, call
 from zbatch.client import NoWorker, Overloaded, WorkerError
 
@@ -203,7 +204,7 @@ def test_base64_garbage_and_empty_images_are_400() -> None:
 @pytest.mark.parametrize(("path", "body"), [
     ("/embed", b'{"inputs": [[1, 2, 3]]}'), ("/embed", b'{"inputs": ""}'), ("/embed", b'{"normalize": "yes"}'),
     ("/embed", b'{"inputs": "x", "normalize": "yes"}'), ("/embed", b'{"inputs": "x", "dimensions": 0}'),
-    ("/embed", b'{"inputs": "x", "prompt_name": "query"}'),
+    ("/embed", b'{"inputs": "x", "prompt_name": 3}'), ("/embed", b'{"inputs": "x", "prompt_name": ""}'),
     ("/rerank", b'{"query": "q", "texts": []}'), ("/rerank", b'{"query": 1, "texts": ["a"]}'),
     ("/rerank", b'{"query": "q", "texts": ["a"], "return_text": 1}'),
     ("/predict", b'{"inputs": ["a", "b", "c"]}'), ("/predict", b'{"inputs": [["a", "b", "c"]]}'),

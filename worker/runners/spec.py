@@ -15,16 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zbatch.protocol import vocabulary
+from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
+from zbatch.protocol.vocabulary import IMAGE_TASKS as IMAGE_TASKS
+from zbatch.protocol.vocabulary import RUN as RUN
+from zbatch.protocol.vocabulary import TOKENIZE as TOKENIZE
 from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-EMBEDDINGS_TASK = "embeddings"
-RERANK_TASK = "rerank"
-CLASSIFICATION_TASKS = frozenset({"text-classification", "sentiment-analysis"})  # the second: its old alias
-IMAGE_TASKS = ("image-classification", "object-detection")
-CUSTOM_TASK_PREFIX = "python:"
-RUN, TOKENIZE = "run", "tokenize"  # a request's operations: run the model, or only its tokenizer
-OPERATIONS = (RUN, TOKENIZE)
+# The task and operation names are the protocol's (zbatch/protocol/vocabulary.py), under the worker's names.
+EMBEDDINGS_TASK = vocabulary.EMBEDDINGS
+SPARSE_EMBEDDINGS_TASK = vocabulary.SPARSE_EMBEDDINGS
+RERANK_TASK = vocabulary.RERANK
+CLASSIFICATION_TASKS = vocabulary.CLASSIFICATION
 
 
 class InputError(ValueError):
