@@ -23,7 +23,8 @@ from zbatch.protocol.wire import MAX_META_BYTES, BatchCounters, ModelInfo, Statu
 from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from zbatch.runtime.settings import parse_entries
 
-SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms", "cuda_graphs"}
+SPEC_KEYS = {"name", "path", "task", "device", "dtype", "max_batch_size", "max_batch_delay_ms", "cuda_graphs",
+             "default_prompt_name"}
 LABELS_BUDGET_BYTES = MAX_META_BYTES // 2  # READY's labels, all models together; the rest of READY is small
 
 
@@ -70,7 +71,8 @@ def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
     main_name = config.model_name or (os.path.basename(path.rstrip("/")) if config.model_path else DEFAULT_MODEL_NAME)
     main = {"name": main_name, "path": path, "task": config.task, "device": config.device,
             "dtype": config.dtype, "max_batch_size": str(config.max_batch_size),
-            "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs}
+            "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs,
+            "default_prompt_name": config.default_prompt_name}
     slots: dict[str, ModelSlot] = {}
     for fields in [main, *parse_extra_models(config.extra_models, defaults=main)]:
         slot = _slot(fields)
@@ -89,7 +91,7 @@ def parse_extra_models(text: str, defaults: dict[str, str]) -> list[dict[str, st
     for given in parse_entries(text, SPEC_KEYS, "extra model"):
         if "path" not in given:
             raise ValueError(f"extra model {given}: needs a path=")
-        fields = defaults | {"name": os.path.basename(given["path"].rstrip("/"))} | given
+        fields = defaults | {"name": os.path.basename(given["path"].rstrip("/")), "default_prompt_name": ""} | given
         models.append(fields)
     return models
 
@@ -105,5 +107,5 @@ def _slot(fields: dict[str, str]) -> ModelSlot:
     if fields["cuda_graphs"] not in GRAPH_SETTINGS:
         raise ValueError(f"model {fields['name']!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
     spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"], batch_size,
-                     fields["cuda_graphs"])
+                     fields["cuda_graphs"], default_prompt_name=fields["default_prompt_name"])
     return ModelSlot(spec, batch_size, BatchPolicy(batch_size, delay_ms / 1000))

@@ -229,7 +229,7 @@ async def post_similarity(request: web.Request) -> web.Response:
     if not isinstance(inputs, dict):
         raise bad_request('"inputs" must be an object: {"source_sentence": str, "sentences": [str]}')
     source, sentences = similarity_inputs(inputs)
-    batch_size(len(sentences), request.app[CONFIG])
+    batch_size(1 + len(sentences), request.app[CONFIG])  # as TEI, which embeds the source with them
     options = body.get("parameters") or {}
     if not isinstance(options, dict):
         raise bad_request('"parameters" must be an object')

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from zbatch.protocol import vocabulary
 from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
+from zbatch.protocol.vocabulary import DECODE as DECODE
+from zbatch.protocol.vocabulary import EMBED_ALL as EMBED_ALL
 from zbatch.protocol.vocabulary import IMAGE_TASKS as IMAGE_TASKS
 from zbatch.protocol.vocabulary import RUN as RUN
 from zbatch.protocol.vocabulary import TOKENIZE as TOKENIZE
@@ -48,6 +52,7 @@ class ModelSpec:
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
     cuda_graphs: str = "auto"  # on CUDA: which bucket shapes run as CUDA graphs (worker.runners.graphs)
+    default_prompt_name: str = ""  # the prompt put before a text that names none (worker.runners.prompts)
 
 
 def default_model_path() -> str:
@@ -99,6 +104,7 @@ class InputKind(enum.Enum):
     PAIR = "[query, text] pairs: arrays of two strings"
     TEXT_OR_PAIR = "strings, or [text, text_pair] arrays of two strings"
     IMAGE = "images: the bytes of an image file (msgpack bin), such as a JPEG or a PNG"
+    IDS = "token ids: one-dimensional arrays of whole numbers (ext-1 integer arrays)"
     ANY = "any inputs"
 
     def accepts(self, value: Any) -> bool:
@@ -110,6 +116,8 @@ class InputKind(enum.Enum):
             return isinstance(value, str) or is_pair(value)
         if self is InputKind.IMAGE:
             return isinstance(value, bytes)
+        if self is InputKind.IDS:
+            return isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in ("i", "u")
         return True
 
 
@@ -119,7 +127,9 @@ def is_pair(value: Any) -> bool:
 
 def input_kind(task: str, operation: str = RUN) -> InputKind:
     """What the inputs of ``task`` must be (a runner of your own checks its own)."""
-    if operation == TOKENIZE:
+    if operation == DECODE:
+        return InputKind.IDS
+    if operation in (TOKENIZE, EMBED_ALL):
         return InputKind.TEXT
     if task == RERANK_TASK:
         return InputKind.PAIR
@@ -135,8 +145,8 @@ def check_request(task: str, operation: str, inputs: list[Any]) -> None:
 
     The worker calls this as a request arrives, so the index is the request's own.
     """
-    if operation == TOKENIZE and task in IMAGE_TASKS:
-        raise InputError(f"{task} models have no tokenizer; the 'tokenize' operation works on text models")
+    if operation != RUN and task in IMAGE_TASKS:
+        raise InputError(f"{task} models have no tokenizer; the {operation!r} operation works on text models")
     check_inputs(inputs, input_kind(task, operation), task if operation == RUN else f"'{operation}'")
 
 
