@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
+from gateway.appkeys import CATALOG, CLIENT, CONFIG, IN_FLIGHT
 from gateway.catalog import Catalog
 from gateway.config import GatewayConfig
 from gateway.connections import track_requests
 from gateway.dialects import all_routes, error_shape_of
 from gateway.errors import json_errors
-from gateway.guard import guards
+from gateway.guard import InFlight, guards
 from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
 from gateway.openapi import DOCUMENT
 from gateway.tracing import request_ids
@@ -41,11 +41,13 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
     # Outermost first: the connection learns its request's headers are in; the request id is on every
     # answer, and the metrics see the final status; the guards (API key, body, requests in flight) run
     # before any handler.
+    in_flight = InFlight(config.max_connections)
     app = web.Application(
-        middlewares=[track_requests, request_ids, measure, json_errors(error_shape_of), *guards(config)],
+        middlewares=[track_requests, request_ids, measure, json_errors(error_shape_of), *guards(config, in_flight)],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
+    app[IN_FLIGHT] = in_flight
     app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
     app[CATALOG] = catalog = Catalog()
     app.on_cleanup.append(lambda _: catalog.close())

@@ -138,6 +138,8 @@ def batch_of(tensors: dict[str, InputTensor], shape: Signature, model: str) -> d
     for tensor in tensors.values():
         if not tensor.shape or any(d != 1 for d in tensor.shape[1:]):
             raise bad_request(f"input {tensor.name!r} must have shape [N] or [N, 1], not {list(tensor.shape)}")
+        if not tensor.items:
+            raise bad_request(f"input {tensor.name!r} is empty: give it at least one element")
     return tensors
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import Daemons, http_json, start_broker, start_gateway, start_worker
+from tests.daemons import Daemons, free_port, http_json, start_broker, start_gateway, start_worker
 from tests.worker.tiny_models import image_bytes, make_tiny_bert, make_tiny_vit, make_tiny_yolos, with_prompts
 from worker.runners import DEFAULT_MODEL_NAME, default_model_path
 from zbatch.testing import start_http
@@ -54,8 +54,11 @@ def served(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, str]) ->
         daemons.add(start_worker(broker, daemons.log_dir, "w1", wait=False, workers=1))
         daemons.add(start_worker(broker, daemons.log_dir, "w2", workers=1, model_path=folders[RERANK],
                                  model_name=RERANK, task="rerank", extra_models=extra))
-        daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz", models=(MODEL, RERANK, CLASSIFY, VIT),
-                                  tei_rerank_model=RERANK, tei_predict_model=CLASSIFY))
+        grpc_port = free_port()
+        gateway = daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz",
+                                            models=(MODEL, RERANK, CLASSIFY, VIT), tei_rerank_model=RERANK,
+                                            tei_predict_model=CLASSIFY, grpc_port=grpc_port))
+        gateway.endpoints["grpc"] = f"127.0.0.1:{grpc_port}"
         yield daemons
 
 
@@ -284,7 +287,12 @@ def test_models_route_takes_images_as_body_or_base64(url: str) -> None:
     assert status == 400 and body["error"]["code"] == "wrong_task"
 
 
-def test_every_dialect_gives_the_same_vector(url: str, reference: np.ndarray) -> None:
+def test_every_dialect_gives_the_same_vector(served: Daemons, url: str, reference: np.ndarray) -> None:
+    """Every route and protocol: Hugging Face, OpenAI (floats and base64), TEI, KServe over HTTP (JSON and
+    binary) and over gRPC."""
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
     text = TEXTS[2]
     _, headers, hf = post(f"{url}/models/{MODEL}", {"inputs": text})
     _, _, openai_float = post(f"{url}/v1/embeddings", {"model": MODEL, "input": text})
@@ -293,7 +301,13 @@ def test_every_dialect_gives_the_same_vector(url: str, reference: np.ndarray) ->
     _, _, kserve = post(f"{url}/v2/models/{MODEL}/infer",
                         {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]})
     decoded = np.frombuffer(base64.b64decode(openai_b64["data"][0]["embedding"]), dtype="<f4")
-    answers = [hf, openai_float["data"][0]["embedding"], decoded, tei[0], kserve["outputs"][0]["data"]]
+    vectors = []
+    for module, client in ((triton_http, triton_http.InferenceServerClient(url.removeprefix("http://"))),
+                           (triton_grpc, triton_grpc.InferenceServerClient(served["gateway"].endpoints["grpc"]))):
+        tensor = module.InferInput("text", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        vectors.append(client.infer(MODEL, [tensor]).as_numpy("embedding")[0])
+    answers = [hf, openai_float["data"][0]["embedding"], decoded, tei[0], kserve["outputs"][0]["data"], *vectors]
     assert all(cosine(answer, reference[2]) >= SAME for answer in answers)
     assert int(headers["X-Tokens"]) == openai_float["usage"]["total_tokens"]
 
