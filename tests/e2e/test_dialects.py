@@ -366,6 +366,10 @@ def test_hostile_input_gets_clear_4xx_while_normal_traffic_is_answered(url: str)
         ("/predict", b'{"inputs": [[]]}', json_type, 422),
         ("/similarity", b'{"inputs": {"source_sentence": 1}}', json_type, 422),
         ("/tokenize", b'{"inputs": [null]}', json_type, 422),
+        ("/embed_all", b'{"inputs": [], "prompt_name": 5}', json_type, 422),
+        ("/decode", b'{"ids": [[1, -2]]}', json_type, 422),
+        ("/decode", b'{"ids": [[1, 999999999]]}', json_type, 422),  # outside the vocabulary: the worker says
+        ("/embed", b'{"inputs": ["a"], "prompt_name": "none-such"}', json_type, 422),  # the model has no prompts
         (f"/models/{MODEL}", b'{"inputs": {"source_sentence": "a"}}', json_type, 400),
         (f"/models/{VIT}", b'{"inputs": "garbage!!"}', json_type, 400),
         (f"/models/{VIT}", b"GIF89a and no more", {"Content-Type": "image/gif"}, 400),

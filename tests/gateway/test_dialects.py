@@ -323,3 +323,28 @@ def test_decode_refuses_what_are_not_token_ids(body: bytes) -> None:
         return
     assert answer.status == 422 and answer.body["error_type"] == "Validation", answer
     assert not stub.calls
+
+
+# ------------------------------------------------------------------ the dialects' declarations
+
+
+def test_the_app_mounts_what_each_dialect_module_declares() -> None:
+    """Each module of gateway/dialects/ is a dialect; the app's routes are theirs and the gateway's own two."""
+    from pathlib import Path
+
+    from aiohttp import web
+
+    from gateway.app import ROUTES, create_app
+    from gateway.dialects import declared, error_shape_of
+
+    folder = Path(__file__).resolve().parents[2] / "gateway" / "dialects"
+    modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    assert {dialect.name for dialect in declared()} == modules
+    declared_routes = [route for dialect in declared() for route in dialect.routes]
+    assert [route for route in ROUTES if route not in declared_routes] == [
+        web.get("/metrics", ROUTES[-2].handler), web.get("/openapi.json", ROUTES[-1].handler)]
+    mounted = {(r.method, r.resource.canonical) for r in create_app(CONFIG).router.routes() if r.resource}
+    assert {(r.method, r.path.replace(":.+", "")) for r in declared_routes if isinstance(r, web.RouteDef)} <= mounted
+    for dialect in declared():
+        for path in dialect.error_paths:
+            assert error_shape_of(path) is dialect.errors
