@@ -132,14 +132,21 @@ def test_sparse_embeddings_take_prompts_and_truncation(splade: SparseEmbeddingRu
 # ------------------------------------------------------------------ embed_all
 
 
-def test_embed_all_is_the_last_hidden_state_of_every_token(embedder: EmbeddingRunner) -> None:
+@pytest.mark.parametrize("packed", [True, False])
+def test_embed_all_is_the_last_hidden_state_of_every_token(embedder: EmbeddingRunner, packed: bool) -> None:
+    """Packed (a BERT on the CPU) or padded in length groups (any other model, or on an accelerator)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(embedder.spec.path)
     model = AutoModel.from_pretrained(embedder.spec.path).eval()
     embed_all = operation_of(embedder, v.EMBED_ALL)
-    outputs = embed_all(TEXTS, {v.PROMPT_NAME: "query"})
+    assert embedder._packer is not None  # a BERT on the CPU: packed unless told not to
+    embedder.set_length_grouping(packed)
+    try:
+        outputs = embed_all(TEXTS, {v.PROMPT_NAME: "query"})
+    finally:
+        embedder.set_length_grouping(True)
     assert outputs.tokens == [len(o) for o in outputs]  # type: ignore[attr-defined]
     for text, rows in zip(TEXTS, outputs, strict=True):
         encoded = tokenizer("query: " + text, truncation=True, max_length=128, return_tensors="pt")
