@@ -1,8 +1,10 @@
 """The gateway application: its middlewares, its routes, and the broker client it lives with.
 
-The gateway's own endpoints are in gateway/handlers.py, the other dialects'
-in gateway/dialects/ (Hugging Face, OpenAI, TEI, KServe v2), the error
-vocabulary in gateway/errors.py; this module only puts them together.
+Every endpoint but ``/metrics`` and ``/openapi.json`` belongs to a dialect
+(gateway/dialects/: the gateway's own, Hugging Face, OpenAI, TEI, KServe v2),
+which declares its routes and its error shape; the error vocabulary is
+gateway/errors.py.  This module only puts them together: it mounts what the
+dialects declare.
 """
 
 from __future__ import annotations
@@ -11,48 +13,27 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import handlers
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
+from gateway.appkeys import CATALOG, CLIENT, CONFIG, IN_FLIGHT
 from gateway.catalog import Catalog
 from gateway.config import GatewayConfig
 from gateway.connections import track_requests
-from gateway.dialects import huggingface, kserve, openai, tei
+from gateway.dialects import all_routes, error_shape_of
 from gateway.errors import json_errors
-from gateway.guard import guards
+from gateway.guard import InFlight, guards
 from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
+from gateway.openapi import DOCUMENT
 from gateway.tracing import request_ids
 from zbatch.client import AsyncClient
 from zbatch.runtime.curve import client_keys
 
 __all__ = ["CLIENT", "CONFIG", "ROUTES", "create_app"]
 
-ROUTES = [
-    web.post("/", handlers.post_text),
-    web.post("/models/{model:.+}", huggingface.post_model),
-    web.post("/v1/embeddings", openai.post_embeddings),
-    web.get("/v1/models", openai.get_models),
-    web.get("/v1/models/{model:.+}", openai.get_model),
-    web.post("/embed", tei.embed),
-    web.post("/rerank", tei.rerank),
-    web.post("/predict", tei.predict),
-    web.post("/similarity", tei.post_similarity),
-    web.post("/tokenize", tei.tokenize),
-    web.get("/info", tei.info),
-    web.get("/health", tei.health),
-    web.get("/v2", kserve.get_server),
-    web.get("/v2/health/live", kserve.get_live),
-    web.get("/v2/health/ready", kserve.get_ready),
-    # The model name may hold slashes (org/name): the longer paths are tried first.
-    web.post("/v2/models/{model:.+}/infer", kserve.post_infer),
-    web.get("/v2/models/{model:.+}/ready", kserve.get_model_ready),
-    web.get("/v2/models/{model:.+}", kserve.get_model),
-    web.get("/healthz", handlers.get_health),
-    web.get("/readyz", handlers.get_ready),
-    web.get("/models", handlers.get_models),
-    web.get("/v1/stats", handlers.get_stats),
-    web.get("/metrics", get_metrics),
-    web.get("/openapi.json", handlers.get_openapi),
-]
+async def get_openapi(request: web.Request) -> web.Response:
+    """The OpenAPI document of these endpoints."""
+    return web.json_response(DOCUMENT)
+
+
+ROUTES = [*all_routes(), web.get("/metrics", get_metrics), web.get("/openapi.json", get_openapi)]
 
 
 def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.Application:
@@ -60,11 +41,13 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
     # Outermost first: the connection learns its request's headers are in; the request id is on every
     # answer, and the metrics see the final status; the guards (API key, body, requests in flight) run
     # before any handler.
+    in_flight = InFlight(config.max_connections)
     app = web.Application(
-        middlewares=[track_requests, request_ids, measure, json_errors, *guards(config)],
+        middlewares=[track_requests, request_ids, measure, json_errors(error_shape_of), *guards(config, in_flight)],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
+    app[IN_FLIGHT] = in_flight
     app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
     app[CATALOG] = catalog = Catalog()
     app.on_cleanup.append(lambda _: catalog.close())

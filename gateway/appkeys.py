@@ -1,4 +1,4 @@
-"""The application's typed keys: its settings, its broker client and its model catalog."""
+"""The application's typed keys: its settings, its broker client, its model catalog and its in-flight count."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway.config import GatewayConfig
+from gateway.guard import InFlight
 from zbatch.client import AsyncClient
 
 if TYPE_CHECKING:
@@ -15,3 +16,4 @@ if TYPE_CHECKING:
 CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncClient)
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog")
+IN_FLIGHT = web.AppKey("in_flight", InFlight)

@@ -121,3 +121,18 @@ async def fleet_stats(request: web.Request) -> dict[str, Any]:
     stats = merge_stats(await request.app[CLIENT].stats_by_broker())
     request.app[CATALOG].update(stats)
     return stats
+
+
+def readiness(stats: Mapping[str, Any] | Exception, required: tuple[str, ...]) -> str:
+    """``ready``, or why one broker is not: it does not answer, it drains, or a required model has no worker."""
+    if isinstance(stats, Exception):
+        return f"not answering ({stats})"
+    if stats.get("draining"):
+        return "draining"
+    missing = [m for m in required if worker_count(stats, m) < 1]
+    return f"no worker serves {', '.join(missing)}" if missing else "ready"
+
+
+def worker_count(stats: Mapping[str, Any], model: str) -> int:
+    """How many workers the broker has for ``model`` (0 for a model it does not know)."""
+    return int(stats.get("models", {}).get(model, {}).get("workers", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ class GatewayConfig:
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "TCP port to listen on; 0 picks any free port", minimum=0)
+    grpc_port: int = option(
+        0, "TCP port of the KServe v2 gRPC service (inference.GRPCInferenceService; Triton's is 8001), on the same "
+        "host, in each gateway process beside HTTP; 0: off. Needs grpcio (pip install 'zbatch[grpc]')",
+        minimum=0, check=lambda port: check_grpc_port(port))
     processes: int = option(
         0, f"gateway processes sharing the port, each with its own broker client; 0: one per core, at most "
         f"{MAX_AUTO_PROCESSES}; 1: this process alone", minimum=0
@@ -37,8 +42,10 @@ class GatewayConfig:
         "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
-    tei_model: str = option("", "model behind TEI's /embed, /similarity, /tokenize, /info and /health; "
-                                "empty: the default model")
+    tei_model: str = option("", "model behind TEI's /embed, /embed_all, /similarity, /tokenize, /decode, /info "
+                                "and /health; empty: the default model")
+    tei_sparse_model: str = option("", "model behind TEI's /embed_sparse (a sparse-embeddings model); empty: the "
+                                       "TEI model")
     tei_rerank_model: str = option("", "model behind TEI's /rerank (a rerank model); empty: the TEI model")
     tei_predict_model: str = option("", "model behind TEI's /predict (a text-classification model); empty: "
                                         "the TEI model")
@@ -103,6 +110,8 @@ class GatewayConfig:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
         problem = problem or check_exposure({"frontend": self.frontend}, curve=bool(self.curve_server_key_file),
                                             insecure=self.insecure)
+        if not problem and self.grpc_port and self.grpc_port == self.port:
+            problem = f"grpc_port and port are both {self.port}: HTTP and gRPC each need a port of their own"
         if problem:
             raise ValueError(problem)
 
@@ -110,7 +119,8 @@ class GatewayConfig:
     def tei_models(self) -> dict[str, str]:
         """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route)."""
         main = self.tei_model or self.default_model
-        return {"/embed": main, "/similarity": main, "/tokenize": main, "/info": main, "/health": main,
+        return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
+                "/info": main, "/health": main, "/embed_sparse": self.tei_sparse_model or main,
                 "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
 
     @property
@@ -122,6 +132,15 @@ class GatewayConfig:
     def required_models(self) -> tuple[str, ...]:
         """The models that must have a worker before the gateway calls itself ready."""
         return self.models or (self.default_model,)
+
+
+def check_grpc_port(port: int) -> str | None:
+    """A gRPC port is a TCP port, and serving one needs grpcio installed."""
+    if port > 65535:
+        return "must be at most 65535"
+    if port and importlib.util.find_spec("grpc") is None:
+        return "the gRPC service needs grpcio: pip install 'zbatch[grpc]' (or set 0 to turn it off)"
+    return None
 
 
 def usable_cores() -> int:

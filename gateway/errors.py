@@ -8,30 +8,26 @@ descriptions of its error responses (gateway/openapi.py), so the two cannot
 disagree.
 
 Every failure, ours, the broker's, the worker's or aiohttp's own 404/405/413,
-leaves as ``{"error": {"code": ..., "message": ...}}`` from :func:`json_errors`,
-so clients parse a single error shape and never see a traceback, except on
-the paths of another dialect (gateway/dialects/), which answer in that
-dialect's shape, so its own client libraries raise their own typed errors:
-
-* OpenAI (``/v1/*``): ``{"error": {"message", "type", "param", "code"}}``, same statuses;
-* TEI: ``{"error": str, "error_type": str}`` with TEI's statuses (the table's ``tei`` column);
-* KServe v2 (``/v2...``): ``{"error": str}``, same statuses.
+leaves through :func:`json_errors`, never as a traceback, in the
+:class:`ErrorShape` of the path's dialect: the gateway's own,
+``{"error": {"code": ..., "message": ...}}`` (:data:`ZBATCH_ERRORS`), or the
+shape a dialect declares (gateway/dialects/), so that dialect's own client
+libraries raise their own typed errors.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway import guard
-from gateway.dialects import Dialect, dialect_of
 from gateway.tracing import REQUEST_ID
 from zbatch.client import (
     BadRequest,
@@ -60,11 +56,7 @@ class ErrorCode:
     endpoint, which the document lists in its enum but under no operation.
     ``closes``: the connection is closed once the answer is written, and nothing
     more is read from it (the caller was too slow to wait for the rest).
-    ``tei``: the status and ``error_type`` TEI answers for this failure (TEI's
-    own: 413, 422 validation; 424 backend; 429 overloaded; 503 unhealthy); by
-    default the same status, ``Validation`` below 500 and ``Backend`` from 500.
-    ``openai_type``: the ``error.type`` of OpenAI's shape (empty: by the status,
-    ``invalid_request_error`` below 500 and ``server_error`` from 500).
+    A dialect may answer a code with another status (TEI's 422 for a bad request).
     """
 
     code: str
@@ -75,16 +67,6 @@ class ErrorCode:
     headers: Mapping[str, str] = field(default_factory=dict)
     per_operation: bool = True
     closes: bool = False
-    tei: tuple[int, str] | None = None
-    openai_type: str = ""
-
-    @property
-    def tei_answer(self) -> tuple[int, str]:
-        return self.tei or (self.status, "Backend" if self.status >= 500 else "Validation")
-
-    @property
-    def openai_error_type(self) -> str:
-        return self.openai_type or ("server_error" if self.status >= 500 else "invalid_request_error")
 
 
 RETRY_AFTER: dict[str, str] = {str(hdrs.RETRY_AFTER): "Seconds to wait before retrying"}
@@ -95,45 +77,39 @@ ERRORS: dict[str, ErrorCode] = {
     error.code: error
     for error in (
         ErrorCode("bad_request", 400, "malformed JSON, wrong types, empty input, bad parameters or a bad header",
-                  client_error=BadRequest, http_exception=True, tei=(422, "Validation")),
-        ErrorCode("input_too_long", 400, "an input is longer than the gateway's limit", tei=(422, "Validation")),
+                  client_error=BadRequest, http_exception=True),
+        ErrorCode("input_too_long", 400, "an input is longer than the gateway's limit"),
         ErrorCode("wrong_task", 400, "the model does another task than the route needs; the message names the "
-                  "routes that answer the model's task", tei=(424, "Backend")),
+                  "routes that answer the model's task"),
         ErrorCode("unauthorized", 401, "the gateway has API keys and the request carries none of them",
-                  http_exception=True, headers=CHALLENGE, openai_type="authentication_error"),
-        ErrorCode("unknown_model", 404, "no worker serves the model", client_error=UnknownModel,
-                  tei=(503, "Unhealthy")),
+                  http_exception=True, headers=CHALLENGE),
+        ErrorCode("unknown_model", 404, "no worker serves the model", client_error=UnknownModel),
         ErrorCode("not_found", 404, "no endpoint at this path", http_exception=True, per_operation=False),
         ErrorCode("method_not_allowed", 405, "the path has no endpoint for this method; Allow lists those it has",
                   http_exception=True, per_operation=False),
         ErrorCode("request_timeout", 408, "the body did not arrive within the gateway's body timeout",
                   http_exception=True, headers=CLOSE, closes=True),
-        ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True,
-                  tei=(413, "Validation")),
-        ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit",
-                  tei=(413, "Validation")),
+        ErrorCode("payload_too_large", 413, "the body is larger than the gateway's limit", http_exception=True),
+        ErrorCode("too_many_inputs", 413, "the body holds more inputs than the gateway's limit"),
         ErrorCode("unsupported_media_type", 415, "wrong Content-Type", http_exception=True),
         ErrorCode("internal_error", 500, "the gateway failed unexpectedly; its log has the details (the only 500: "
-                  "every failure of a worker or the broker is a 502 or 503)", tei=(500, "Backend")),
+                  "every failure of a worker or the broker is a 502 or 503)"),
         ErrorCode("worker_error", 502, "the model failed on this input, or an input made workers crash; the other "
-                  "inputs of its batch still succeed", client_error=WorkerError, tei=(424, "Backend")),
+                  "inputs of its batch still succeed", client_error=WorkerError),
         ErrorCode("worker_lost", 502, "the worker died, or answered with a status it may not send, and the "
                   "broker's retry budget is spent (or no other worker serves the model); the message names the "
-                  "worker where one failed it; retry", client_error=WorkerLost, tei=(424, "Backend")),
+                  "worker where one failed it; retry", client_error=WorkerLost),
         ErrorCode("upstream_error", 502, "the broker or a worker answered something the gateway cannot use (a "
-                  "status it does not know, an unreadable answer)", client_error=ZBatchError,
-                  tei=(424, "Backend")),
+                  "status it does not know, an unreadable answer)", client_error=ZBatchError),
         ErrorCode("overloaded", 503, "the broker predicts the request would not be answered within its deadline "
                   "(or its backlog's memory bound is reached), or the gateway is answering as many requests, or "
                   "holds as many connections, as it takes at once; Retry-After says when room is expected",
                   client_error=Overloaded,
-                  http_exception=True, headers=RETRY_AFTER, tei=(429, "Overloaded")),
-        ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker,
-                  tei=(503, "Unhealthy")),
+                  http_exception=True, headers=RETRY_AFTER),
+        ErrorCode("no_worker", 503, "the model is known but no worker serves it right now", client_error=NoWorker),
         ErrorCode("broker_unavailable", 503, "the broker is not reachable, or is draining",
-                  client_error=BrokerUnavailable, tei=(503, "Unhealthy")),
-        ErrorCode("deadline_exceeded", 504, "the deadline passed first", client_error=DeadlineExceeded,
-                  tei=(504, "Backend")),
+                  client_error=BrokerUnavailable),
+        ErrorCode("deadline_exceeded", 504, "the deadline passed first", client_error=DeadlineExceeded),
     )
 }
 
@@ -191,45 +167,68 @@ def from_http(exc: web.HTTPException, request: web.Request) -> ApiError:
     return ApiError(code, message, kept, status=exc.status)
 
 
-def error_answer(error: ApiError, dialect: Dialect) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body of ``error`` in ``dialect``'s shape (see the module's docstring)."""
-    if dialect is Dialect.OPENAI:
-        kind = ERRORS[error.code].openai_error_type
-        return error.status, {"error": {"message": error.message, "type": kind, "param": error.param,
-                                        "code": error.code}}
-    if dialect is Dialect.TEI:
-        table = ERRORS[error.code]
-        status, kind = (table.tei_answer if error.status == table.status
-                        else (error.status, "Backend" if error.status >= 500 else "Validation"))
-        return status, {"error": error.message, "error_type": kind}
-    if dialect is Dialect.KSERVE:
-        return error.status, {"error": error.message}
+@dataclass(frozen=True)
+class ErrorShape:
+    """How a dialect answers an error: its status and JSON body, and the body's OpenAPI schema.
+
+    ``status``: the status of a code of the table in this dialect (the document lists its errors by it);
+    ``answer``: an error's status and body.  An error whose status was overridden (an aiohttp refusal
+    without a code of its own) keeps its status in every dialect.
+    """
+
+    schema_name: str
+    schema: Mapping[str, Any]
+    answer: Callable[[ApiError], tuple[int, Any]]
+    status: Callable[[ErrorCode], int] = lambda error: error.status
+
+
+def _zbatch_answer(error: ApiError) -> tuple[int, Any]:
     return error.status, {"error": {"code": error.code, "message": error.message}}
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure below this middleware as JSON in the path's dialect; unexpected ones are logged."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        error = exc
-    except ZBatchError as exc:
-        error = from_broker(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = from_http(exc, request)
-    except Exception:
-        log.exception("unexpected error answering %s %s", request.method, request.path,
-                      extra={"request_id": request.get(REQUEST_ID, "")})
-        error = ApiError("internal_error", "internal error; the gateway log has the details")
-    status, body = error_answer(error, dialect_of(request.path))
-    if error.code in CLOSING_CODES:
-        return ClosingResponse(request, text=orjson.dumps(body).decode(), status=status,
-                               headers=error.headers, content_type="application/json")
-    return web.Response(body=orjson.dumps(body), status=status, headers=error.headers,
-                        content_type="application/json")
+ZBATCH_ERRORS = ErrorShape("Error", {
+    "type": "object", "required": ["error"], "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object", "required": ["code", "message"], "additionalProperties": False,
+        "properties": {"code": {"type": "string", "enum": list(ERRORS)},
+                       "message": {"type": "string", "description": "What happened and what to do"}},
+    }},
+}, _zbatch_answer)
+
+
+def json_errors(shape_of: Callable[[str], ErrorShape]) -> Middleware:
+    """The middleware that answers every failure below it as JSON in the shape ``shape_of`` gives the path;
+    unexpected failures are logged."""
+
+    @web.middleware
+    async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            error = exc
+        except ZBatchError as exc:
+            error = from_broker(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            error = from_http(exc, request)
+        except Exception:
+            log.exception("unexpected error answering %s %s", request.method, request.path,
+                          extra={"request_id": request.get(REQUEST_ID, "")})
+            error = internal_error()
+        status, body = shape_of(request.path).answer(error)
+        if error.code in CLOSING_CODES:
+            return ClosingResponse(request, text=orjson.dumps(body).decode(), status=status,
+                                   headers=error.headers, content_type="application/json")
+        return web.Response(body=orjson.dumps(body), status=status, headers=error.headers,
+                            content_type="application/json")
+
+    return answer_errors
+
+
+def internal_error() -> ApiError:
+    """The answer to a failure nobody expected (logged where it is caught): no details leave the gateway."""
+    return ApiError("internal_error", "internal error; the gateway log has the details")
 
 
 class ClosingResponse(web.Response):

@@ -9,7 +9,8 @@ timing says nothing about which key, or which prefix, came close.
 
 Keys are checked before the body is read: a caller without one costs no read.
 
-In flight: a middleware counts the requests being answered; past
+In flight: a middleware counts the requests being answered in an
+:class:`InFlight` that the gRPC service (gateway/kserve_grpc/) shares; past
 ``max_connections`` the next one is answered 503 ``overloaded`` with
 ``Retry-After``.  A request is counted only once its whole body is in: it
 must arrive within ``body_timeout_ms``, or the answer is 408
@@ -115,33 +116,46 @@ async def read_in_time(request: web.Request, max_bytes: int, timeout_s: float) -
         ) from None
 
 
-def limit_in_flight(limit: int, max_body_bytes: int, body_timeout_s: float) -> Middleware:
-    in_flight = 0
+class InFlight:
+    """The requests this process is answering, over every protocol, counted once their body is in; at most ``limit``.
 
+    Callers check :meth:`full`, then add one to ``count`` and take it off when answered.
+    """
+
+    __slots__ = ("count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def full(self) -> bool:
+        return self.count >= self.limit
+
+    def refusal(self) -> str:
+        return f"the gateway is answering {self.limit} requests already; retry shortly"
+
+
+def limit_in_flight(in_flight: InFlight, max_body_bytes: int, body_timeout_s: float) -> Middleware:
     @web.middleware
     async def shed(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal in_flight
         if request.path in UNCOUNTED_PATHS:
             return await handler(request)
         if request.body_exists:
             await read_in_time(request, max_body_bytes, body_timeout_s)
-        if in_flight >= limit:
-            raise web.HTTPServiceUnavailable(
-                text=f"the gateway is answering {limit} requests already; retry shortly",
-                headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
-            )
-        in_flight += 1
+        if in_flight.full():
+            raise web.HTTPServiceUnavailable(text=in_flight.refusal(), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+        in_flight.count += 1
         try:
             return await handler(request)
         finally:
-            in_flight -= 1
+            in_flight.count -= 1
 
     return shed
 
 
-def guards(config: GatewayConfig) -> list[Middleware]:
+def guards(config: GatewayConfig, in_flight: InFlight) -> list[Middleware]:
     """The key check (when keys are configured), then the body and the in-flight limit."""
-    middlewares = [limit_in_flight(config.max_connections, config.max_body_bytes, config.body_timeout_ms / 1000)]
+    middlewares = [limit_in_flight(in_flight, config.max_body_bytes, config.body_timeout_ms / 1000)]
     if config.api_keys_file:
         middlewares.insert(0, require_api_key(ApiKeys(read_api_keys(config.api_keys_file)), config.protect_metrics))
     return middlewares

@@ -1,5 +1,10 @@
 """One inference request to the brokers, shared by every dialect: limits, the request, outputs and token counts.
 
+A :class:`Call` is what a request needs whatever protocol carried it: the
+gateway's settings, its broker client and catalog, the request's id,
+deadline and priority.  An HTTP request makes one with :func:`call_of`, a
+gRPC call (gateway/grpc/) from its metadata and deadline.
+
 :func:`run` sends the inputs once and returns the worker's outputs with its
 token counts (PROTOCOL.md 5.1: per input, the tokens the model took, for
 every text task and ``tokenize``; none for images).  The counts are what a
@@ -13,21 +18,56 @@ The payload is encoded once and the reply decoded once, as
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from gateway.appkeys import CLIENT, CONFIG
+from gateway.appkeys import CATALOG, CLIENT, CONFIG
+from gateway.catalog import Catalog
+from gateway.config import GatewayConfig
 from gateway.metrics import MODEL
 from gateway.parsing import check_limits, request_priority, request_timeout_ms
 from gateway.tracing import REQUEST_ID
-from zbatch.client import BadRequest, WorkerError, raise_for_status
-from zbatch.protocol import payloads, wire
+from zbatch.client import AsyncClient, BadRequest, WorkerError, raise_for_status
+from zbatch.protocol import payloads, vocabulary, wire
+from zbatch.protocol.vocabulary import RUN
 
 TOKENS_HEADER = "X-Tokens"
-RUN, TOKENIZE = "run", "tokenize"
+
+
+def _unnoted(model: str) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request for a model, whatever carried it: where it goes, its id, deadline and priority.
+
+    ``timeout_ms``: the caller's, within the gateway's own (None: the gateway's);
+    ``noted``: told the model once known (the HTTP metrics label their request with it).
+    """
+
+    config: GatewayConfig
+    client: AsyncClient
+    catalog: Catalog
+    request_id: str
+    timeout_ms: int | None = None
+    priority: int = wire.NORMAL_PRIORITY
+    noted: Callable[[str], None] = _unnoted
+
+    async def task_of(self, model: str) -> str | None:
+        """The model's task as the catalog knows it (None: not known, the route lets it try)."""
+        info = await self.catalog.lookup(self.client, model)
+        return None if info is None else info.task
+
+
+def call_of(request: web.Request) -> Call:
+    """The call an HTTP request makes: its headers' deadline and priority, its id."""
+    app = request.app
+    return Call(app[CONFIG], app[CLIENT], app[CATALOG], request[REQUEST_ID], request_timeout_ms(request),
+                request_priority(request), lambda model: request.__setitem__(MODEL, model))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,31 +83,29 @@ class Result:
 
 
 async def run(
-    request: web.Request, model: str, inputs: list[Any], parameters: dict[str, Any], *,
+    call: Call, model: str, inputs: list[Any], parameters: dict[str, Any], *,
     texts: Iterable[str] | None = None, operation: str = RUN,
 ) -> Result:
-    """Run ``inputs`` through ``model`` at the request's priority and deadline.
+    """Run ``inputs`` through ``model`` at the call's priority and deadline.
 
     ``texts``: every text in the inputs, for the length limit; by default the inputs themselves
-    (pass ``()`` for images, which the body size bounds).
+    (pass ``()`` for images and token ids, which the body size bounds).
     """
-    check_limits(request.app[CONFIG], model, len(inputs), inputs if texts is None else texts)
-    request[MODEL] = model
-    body: dict[str, Any] = {"inputs": inputs, "parameters": parameters}
+    check_limits(call.config, model, len(inputs), inputs if texts is None else texts)
+    call.noted(model)
+    body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
     if operation != RUN:
-        body["operation"] = operation
+        body[vocabulary.OPERATION] = operation
     try:
         payload = payloads.encode_payload(body)
     except (TypeError, ValueError, OverflowError) as exc:
         raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-    reply = await request.app[CLIENT].request(
-        model, payload, items=len(inputs), timeout_ms=request_timeout_ms(request),
-        priority=request_priority(request), trace=request[REQUEST_ID],
-    )
+    reply = await call.client.request(model, payload, items=len(inputs), timeout_ms=call.timeout_ms,
+                                      priority=call.priority, trace=call.request_id)
     raise_for_status(reply)
     try:
         answer = payloads.decode_payload(reply.payload)
-        outputs, tokens = answer["outputs"], answer.get("tokens")
+        outputs, tokens = answer[vocabulary.OUTPUTS], answer.get(vocabulary.TOKENS)
     except (wire.ProtocolError, KeyError, TypeError) as exc:
         raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
     if not isinstance(outputs, list) or len(outputs) != len(inputs):

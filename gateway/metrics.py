@@ -1,6 +1,6 @@
 """The gateway's Prometheus metrics: inference requests by model and HTTP status, their duration,
-and how many are in flight, plus the daemon's connections (gateway/connections.py);
-``GET /metrics`` serves them in the text format.
+and how many are in flight, gRPC calls by method and status code (gateway/kserve_grpc/), plus the
+daemon's connections (gateway/connections.py); ``GET /metrics`` serves them in the text format.
 
 Each application has its own registry, so several apps in one process (tests)
 do not clash.  The model label comes from the URL or the body, which callers
@@ -53,6 +53,10 @@ class GatewayMetrics:
                                 ["model", "status"], registry=self.registry)
         self.duration = Histogram("zbatch_gateway_request_duration_seconds", "Time to answer an inference request",
                                   ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.grpc_calls = Counter("zbatch_gateway_grpc_calls", "KServe v2 gRPC calls answered, by method and status "
+                                  "code", ["method", "code"], registry=self.registry)
+        self.grpc_duration = Histogram("zbatch_gateway_grpc_call_duration_seconds", "Time to answer a gRPC call",
+                                       ["method"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.active = 0  # read when Prometheus scrapes: no lock per request
         self.shared_in_flight: Gauge | None = None  # several processes: the gauge they sum, kept per request
         self._page = self.registry
@@ -82,6 +86,22 @@ class GatewayMetrics:
         counter, histogram = children
         counter.inc()
         histogram.observe(seconds)
+
+    def started(self) -> None:
+        """One more inference request in flight, whatever its protocol."""
+        self.active += 1
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.inc()
+
+    def finished(self) -> None:
+        self.active -= 1
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.dec()
+
+    def grpc_answered(self, method: str, code: str, seconds: float) -> None:
+        """Count one gRPC call (the method and code names are the protocol's: a bounded set)."""
+        self.grpc_calls.labels(method, code).inc()
+        self.grpc_duration.labels(method).observe(seconds)
 
     def label(self, model: str | None, status: int) -> str:
         if model is not None and 200 <= status < 300:
@@ -161,18 +181,13 @@ async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     started = time.perf_counter()
     status = CLIENT_CLOSED
-    metrics.active += 1
-    shared = metrics.shared_in_flight
-    if shared is not None:
-        shared.inc()
+    metrics.started()
     try:
         response = await handler(request)
         status = response.status
         return response
     finally:
-        metrics.active -= 1
-        if shared is not None:
-            shared.dec()
+        metrics.finished()
         metrics.answered(request.get(MODEL) or request.match_info.get("model"), status,
                          time.perf_counter() - started)
 

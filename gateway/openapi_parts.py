@@ -1,7 +1,8 @@
 """The pieces the OpenAPI document (gateway/openapi.py) is built of: answers, error answers, operations.
 
-Error answers come from the error table (gateway/errors.py) in the dialect
-of their path: its statuses (TEI's column for TEI) and its error schema.
+Error answers come from the error table (gateway/errors.py) in the
+:class:`~gateway.errors.ErrorShape` of the path's dialect: its statuses and
+its error schema.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from typing import Any
 
 from aiohttp import hdrs
 
-from gateway.dialects import Dialect
-from gateway.errors import ERRORS, ErrorCode
+from gateway.errors import ERRORS, ZBATCH_ERRORS, ErrorCode, ErrorShape
 from gateway.inference import TOKENS_HEADER
 from gateway.parsing import PRIORITY_HEADER, TIMEOUT_HEADER
 from gateway.tracing import REQUEST_ID_HEADER
@@ -23,8 +23,6 @@ BROKER_QUERY_ERRORS = ("unauthorized", "overloaded", "broker_unavailable")
 # The headers gateway/parsing.py reads, by the name of their parameter under components.
 REQUEST_HEADERS = {TIMEOUT_HEADER: "RequestTimeout", PRIORITY_HEADER: "Priority"}
 HEADER_SCHEMAS: dict[str, dict[str, str]] = {str(hdrs.RETRY_AFTER): {"type": "integer"}}
-ERROR_SCHEMAS = {Dialect.ZBATCH: "Error", Dialect.OPENAI: "OpenAIError", Dialect.TEI: "TEIError",
-                 Dialect.KSERVE: "KServeError"}
 
 
 def ref(name: str) -> dict[str, str]:
@@ -40,26 +38,21 @@ def answer(description: str, schema: dict[str, Any], media: str = "application/j
     return {"description": description, "headers": headers, "content": {media: {"schema": schema}}}
 
 
-def status_in(error: ErrorCode, dialect: Dialect) -> int:
-    """The status ``error`` is answered with on a path of ``dialect``."""
-    return error.tei_answer[0] if dialect is Dialect.TEI else error.status
-
-
 def _when(error: ErrorCode) -> str:
     """What the document says of one code: when it happens, the code, and the headers it comes with."""
     with_headers = "".join(f", with {name}" for name in error.headers)
     return f"{error.when} (`{error.code}`{with_headers})"
 
 
-def errors_for(*codes: str, dialect: Dialect = Dialect.ZBATCH) -> dict[str, Any]:
-    """The error responses of an operation that can end in ``codes``, one per status, in ``dialect``'s shape."""
+def errors_for(*codes: str, shape: ErrorShape = ZBATCH_ERRORS) -> dict[str, Any]:
+    """The error responses of an operation that can end in ``codes``, one per status, in ``shape``."""
     by_status: dict[str, list[ErrorCode]] = {}
-    for error in sorted((ERRORS[code] for code in codes), key=lambda error: status_in(error, dialect)):
-        by_status.setdefault(str(status_in(error, dialect)), []).append(error)
+    for error in sorted((ERRORS[code] for code in codes), key=shape.status):
+        by_status.setdefault(str(shape.status(error)), []).append(error)
     responses = {}
     for status, errors in by_status.items():
         when = "; ".join(map(_when, errors))
-        response = answer(when[0].upper() + when[1:], ref(ERROR_SCHEMAS[dialect]))
+        response = answer(when[0].upper() + when[1:], ref(shape.schema_name))
         for error in errors:
             for name, says in error.headers.items():
                 response["headers"][name] = {"description": f"{says} (with `{error.code}`)",
@@ -69,21 +62,21 @@ def errors_for(*codes: str, dialect: Dialect = Dialect.ZBATCH) -> dict[str, Any]
 
 
 def inference(summary: str, body: dict[str, Any], ok: dict[str, Any], *parameters: dict[str, Any],
-              dialect: Dialect = Dialect.ZBATCH) -> dict[str, Any]:
+              shape: ErrorShape = ZBATCH_ERRORS) -> dict[str, Any]:
     """An inference operation: the request headers, ``body`` (media types), ``ok`` and every error."""
     headers = [{"$ref": f"#/components/parameters/{name}"} for name in ("RequestId", *REQUEST_HEADERS.values())]
     return {"post": {
         "summary": summary,
         "parameters": [*headers, *parameters],
         "requestBody": {"required": True, "content": body},
-        "responses": {"200": ok, **errors_for(*INFERENCE_ERRORS, dialect=dialect)},
+        "responses": {"200": ok, **errors_for(*INFERENCE_ERRORS, shape=shape)},
     }}
 
 
 def get(summary: str, ok: dict[str, Any], *errors: str, parameters: tuple[dict[str, Any], ...] = (),
-        dialect: Dialect = Dialect.ZBATCH) -> dict[str, Any]:
+        shape: ErrorShape = ZBATCH_ERRORS) -> dict[str, Any]:
     return {"get": {"summary": summary, "parameters": [{"$ref": "#/components/parameters/RequestId"}, *parameters],
-                    "responses": {"200": ok, **errors_for(*errors, dialect=dialect)}}}
+                    "responses": {"200": ok, **errors_for(*errors, shape=shape)}}}
 
 
 def json_body(schema: str, example: Any = None) -> dict[str, Any]:
@@ -96,3 +89,22 @@ def json_body(schema: str, example: Any = None) -> dict[str, Any]:
 def model_parameter(example: str) -> dict[str, Any]:
     return {"name": "model", "in": "path", "required": True, "example": example,
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}}
+
+
+def object_schema(required: list[str], properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """An object schema (OpenAPI 3.0 wants no empty ``required``)."""
+    return {"type": "object", **({"required": required} if required else {}), "properties": properties, **more}
+
+
+TEXT = {"type": "string", "minLength": 1}
+TEXTS = {"oneOf": [TEXT, {"type": "array", "minItems": 1, "items": TEXT}]}
+NUMBERS = {"type": "array", "items": {"type": "number"}}
+FLAG = {"type": "boolean", "nullable": True}
+DIRECTION = {"type": "string", "enum": ["left", "right", "Left", "Right"], "default": "right"}
+TRUNCATION = {"truncate": {**FLAG, "description": "Cut inputs longer than the model's maximum (default true); "
+                                                  "false refuses them"},
+              "truncation_direction": DIRECTION}
+PROMPT_NAME = {"prompt_name": {"type": "string", "nullable": True, "minLength": 1,
+                               "description": "A prompt of the model's config_sentence_transformers.json, put "
+                                              "before each text (default: the worker's --default-prompt-name)"}}
+EXAMPLE_MODEL = "all-MiniLM-L6-v2"

@@ -8,6 +8,8 @@ headers' names and values from here.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
@@ -17,6 +19,7 @@ from aiohttp import hdrs, web
 from gateway.appkeys import CONFIG
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError, bad_request
+from zbatch.protocol.vocabulary import PROMPT_NAME
 from zbatch.protocol.wire import MAX_NAME_CHARS
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
@@ -27,7 +30,7 @@ MAX_TIMEOUT_DIGITS = 10
 JSON_TYPES = frozenset({"application/json"})
 # curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
 TEXT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
-ENCODINGS = ("float", "base64")
+MAX_PROMPT_NAME_CHARS = 256
 
 
 async def read_body(
@@ -116,8 +119,8 @@ def model_options(body: Mapping[str, Any], names: Iterable[str]) -> dict[str, An
 
     ``normalize``, ``truncate``, ``raw_scores`` and ``add_special_tokens`` are true or false;
     ``truncation_direction`` is left or right (any case, as TEI takes it); ``dimensions`` a whole
-    number of at least 1 (the worker knows the model's size, and refuses more).  ``prompt_name``
-    (TEI, Hugging Face) is refused: the workers keep no prompts; prepend yours to the text.
+    number of at least 1 (the worker knows the model's size, and refuses more); ``prompt_name`` a short
+    string (the worker knows the model's prompts, and refuses a name it has none of).
     """
     parameters: dict[str, Any] = {}
     for name in names:
@@ -132,9 +135,11 @@ def model_options(body: Mapping[str, Any], names: Iterable[str]) -> dict[str, An
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad_request('"dimensions" must be a whole number of at least 1', param=name)
             parameters[name] = value
-        elif name == "prompt_name":
-            raise bad_request('"prompt_name" is not supported: the workers keep no prompts; put the prompt at '
-                              "the start of each text instead", param=name)
+        elif name == PROMPT_NAME:
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_PROMPT_NAME_CHARS:
+                raise bad_request(f'"{PROMPT_NAME}" must be the name of one of the model\'s prompts, a string of 1 '
+                                  f"to {MAX_PROMPT_NAME_CHARS} characters", param=name)
+            parameters[name] = value
         else:
             parameters[name] = optional_flag(body, name)
     return parameters
@@ -158,17 +163,36 @@ def check_limits(config: GatewayConfig, model: str, items: int, texts: Iterable[
 
 def request_timeout_ms(request: web.Request) -> int | None:
     """``X-Request-Timeout-Ms``: the caller's timeout, which may shorten but never extend the configured one."""
-    raw = request.headers.get(TIMEOUT_HEADER)
+    return timeout_ms_from(request.headers.get(TIMEOUT_HEADER), request.app[CONFIG])
+
+
+def timeout_ms_from(raw: str | None, config: GatewayConfig) -> int | None:
+    """A timeout header's value (HTTP's, or gRPC metadata's of the same name), within ``config.timeout_ms``."""
     if raw is None:
         return None
     if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_TIMEOUT_DIGITS and int(raw) > 0):
         raise bad_request(f"{TIMEOUT_HEADER} must be a positive whole number of milliseconds")
-    return min(int(raw), request.app[CONFIG].timeout_ms)
+    return min(int(raw), config.timeout_ms)
 
 
 def request_priority(request: web.Request) -> int:
     """``X-Priority``: high, normal (the default) or low, or the protocol's 0, 1, 2; case is ignored."""
-    raw = request.headers.get(PRIORITY_HEADER, "normal").strip().lower()
-    if raw not in PRIORITIES:
+    return priority_from(request.headers.get(PRIORITY_HEADER))
+
+
+def priority_from(raw: str | None) -> int:
+    """A priority header's value (HTTP's, or gRPC metadata's of the same name); absent: normal."""
+    value = ("normal" if raw is None else raw).strip().lower()
+    if value not in PRIORITIES:
         raise bad_request(f"{PRIORITY_HEADER} must be high, normal or low")
-    return PRIORITIES[raw]
+    return PRIORITIES[value]
+
+
+def decode_base64(text: str, where: str) -> bytes:
+    """One base64 image, a ``data:...;base64,`` prefix allowed; 400 for anything else."""
+    if text.startswith("data:"):
+        text = text.partition(",")[2]
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where} is not base64: send the image file's bytes in base64") from None

@@ -9,7 +9,9 @@ with ``SO_REUSEPORT``, and the kernel spreads new connections over them.
 The parent binds the port first (with ``SO_REUSEPORT``, without listening),
 so a port that is taken fails the start at once, as it does for one process,
 ``--port 0`` picks one port for all, and the port stays the gateway's while a
-child restarts.  It serves no request itself.
+child restarts; so too the gRPC port, when ``--grpc-port`` sets one (each
+child serves gRPC beside HTTP, with ``SO_REUSEPORT``).  It serves no request
+itself.
 
 It supervises the children as :mod:`zbatch.supervisor` does a stack, with
 systemd's rules: it is READY=1 once every child is ready, pings its own
@@ -52,10 +54,14 @@ MIGRATE_REQUESTS = Path("/proc/sys/net/ipv4/tcp_migrate_req")  # Linux 5.14+
 
 def serve_processes(config: GatewayConfig, argv: Sequence[str], processes: int) -> int:
     """Run ``processes`` gateways on ``config``'s port until stopped; returns the exit status."""
+    reserved: list[socket.socket] = []
     try:
-        reserved = reserve_port(config.host, config.port)
+        for wanted in (config.port, config.grpc_port) if config.grpc_port else (config.port,):
+            reserved += reserve_port(config.host, wanted)
     except OSError as exc:
-        log.error("cannot serve on %s:%s: %s", config.host, config.port, exc)
+        log.error("cannot serve on %s:%s: %s", config.host, wanted, exc)
+        for sock in reserved:
+            sock.close()
         return 1
     port = int(reserved[0].getsockname()[1])
     metrics_dir = tempfile.mkdtemp(prefix="zbatch-gateway-metrics-", dir=os.environ.get("RUNTIME_DIRECTORY"))

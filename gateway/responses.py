@@ -17,7 +17,8 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from gateway.tasks import dialect_routes
+from gateway.config import GatewayConfig
+from gateway.dialects import routes_by_dialect
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
@@ -64,9 +65,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def models_listing(stats: Mapping[str, Any], tei_models: Mapping[str, str]) -> dict[str, Any]:
+def models_listing(stats: Mapping[str, Any], config: GatewayConfig) -> dict[str, Any]:
     """``GET /models``: every model the broker knows, its task, the routes of each dialect that answer it
-    (gateway/tasks.py; TEI's only where ``tei_models`` puts it), its figures and the workers serving it."""
+    (as each dialect declares; TEI's only where ``config`` puts it), its figures and the workers serving it."""
     workers = stats.get("workers", [])
     listing = []
     for name, figures in sorted(stats.get("models", {}).items()):
@@ -74,7 +75,7 @@ def models_listing(stats: Mapping[str, Any], tei_models: Mapping[str, str]) -> d
         listing.append({
             "name": name,
             "task": task,
-            "dialects": dialect_routes(name, task, tei_models),
+            "dialects": routes_by_dialect(task, name, config),
             "workers": [jsonable(w) for w in workers if name in w.get("models", ())],
             "stats": jsonable(figures),
         })

@@ -1,10 +1,13 @@
 """The gateway as a daemon: the aiohttp app on its port, a broker client, and a drain that cuts no request.
 
 The lifecycle is :mod:`zbatch.runtime.daemon`'s.  Start: open the client,
-set the app up and listen; the HTTP listener is essential.  Drain: stop
-listening, then let the requests in flight finish, for at most the request
-timeout plus the client's grace for the broker's deadline answer (the
-longest an accepted request can take).  Close: the broker client.
+set the app up and listen; the HTTP listener is essential, and so is the
+KServe v2 gRPC server with ``grpc_port`` set (gateway/kserve_grpc/, which
+shares the app's broker client, catalog, limits and metrics).  Drain: stop
+listening (gRPC: refuse new calls), then let the requests in flight finish,
+for at most the request timeout plus the client's grace for the broker's
+deadline answer (the longest an accepted request can take).  Close: the
+broker client.
 
 The listener is the event loop's own server, not an aiohttp site: its
 protocol is :class:`gateway.connections.Connection`, which caps the open
@@ -21,14 +24,20 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.appkeys import CATALOG, IN_FLIGHT
 from gateway.config import GatewayConfig
 from gateway.connections import Connection
+from gateway.guard import ApiKeys, read_api_keys
 from gateway.metrics import METRICS
 from zbatch.client import AsyncClient
+
+if TYPE_CHECKING:
+    from gateway.kserve_grpc.server import GrpcServer
 from zbatch.runtime import daemon
 from zbatch.runtime.curve import client_keys
 
@@ -48,6 +57,7 @@ class GatewayServer(daemon.Service):
         self._client: AsyncClient | None = None
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self._grpc: GrpcServer | None = None
         self._drain_s = 0.0
 
     async def start(self) -> daemon.Essentials:
@@ -58,6 +68,7 @@ class GatewayServer(daemon.Service):
                                             heartbeat_liveness=config.heartbeat_liveness)
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         app = create_app(config, client)
+        essentials = await self._start_grpc(app, client) if config.grpc_port else {}
         connections = app[METRICS].connections(config.max_open_connections, config.header_timeout_ms / 1000)
         if config.reuse_port:  # one of several processes on this port: say which one answers
             app.on_response_prepare.append(name_the_process)
@@ -77,25 +88,44 @@ class GatewayServer(daemon.Service):
         port = listener.sockets[0].getsockname()[1]
         log.info("zbatch-gateway listening on %s", _url(config.host, port))
         warn_of_host_limits(config)
-        return {"the HTTP listener": asyncio.ensure_future(listener.wait_closed())}
+        return {"the HTTP listener": asyncio.ensure_future(listener.wait_closed()), **essentials}
+
+    async def _start_grpc(self, app: web.Application, client: AsyncClient) -> daemon.Essentials:
+        """The gRPC server, sharing the app's client, catalog, in-flight count and metrics; serving on return."""
+        from gateway.kserve_grpc.server import GrpcServer, address  # grpcio is needed only with a gRPC port
+        from gateway.kserve_grpc.service import Gateway
+
+        config = self.config
+        keys = ApiKeys(read_api_keys(config.api_keys_file)) if config.api_keys_file else None
+        shared = Gateway(config, client, app[CATALOG], app[IN_FLIGHT], app[METRICS], keys)
+        self._grpc = grpc = GrpcServer(config, shared)
+        port = await grpc.start()
+        log.info("zbatch-gateway serving KServe v2 gRPC on %s", address(config.host, port))
+        return {"the gRPC server": asyncio.ensure_future(grpc.wait_closed())}
 
     def status_line(self) -> str:
-        return f"listening on {self.config.host}:{self.config.port}, broker {self.config.frontend}"
+        grpc = f", gRPC on {self.config.grpc_port}" if self.config.grpc_port else ""
+        return f"listening on {self.config.host}:{self.config.port}{grpc}, broker {self.config.frontend}"
 
     async def drain(self) -> None:
         log.info("no longer accepting connections; waiting up to %.1f s for requests in flight", self._drain_s)
         self._stop_listening()
-        await self._cleanup_runner()
+        await asyncio.gather(self._cleanup_runner(), self._stop_grpc(self._drain_s))
 
     async def close(self) -> None:
         self._stop_listening()
-        await self._cleanup_runner()
+        await asyncio.gather(self._cleanup_runner(), self._stop_grpc(0))
         if self._client is not None:
             await self._client.close()
 
     def _stop_listening(self) -> None:
         if self._listener is not None:
             self._listener.close()
+
+    async def _stop_grpc(self, grace_s: float) -> None:
+        grpc, self._grpc = self._grpc, None
+        if grpc is not None:
+            await grpc.drain(grace_s)
 
     async def _cleanup_runner(self) -> None:
         """Close idle connections, wait for the requests in flight (within the drain), clean the app up."""

@@ -1,24 +1,20 @@
-"""The workers' tasks as the gateway sees them: which routes of which dialect answer a model of each task.
+"""The workers' tasks as the gateway sees them: refusing a route a model's task cannot answer, naming those that can.
 
 A worker announces each model's task in READY (zbatch/protocol/PROTOCOL.md
 3.4, 5.2); the gateway reads it from the brokers' STATS (gateway/catalog.py).
-Routes that need a task refuse a model of another one with ``wrong_task``,
-whose message (:func:`wrong_task`) names the routes that do answer it.  The
-names are restated here, not imported: the gateway never imports the worker.
+The task names are the protocol's (zbatch/protocol/vocabulary.py).  Routes
+that need a task refuse a model of another one with ``wrong_task``, whose
+message (:func:`task_routes`) names the routes that do answer it: each
+dialect declares which of its routes answer which task
+(gateway/dialects/__init__.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 from gateway.errors import ApiError
-
-EMBEDDINGS = "embeddings"
-RERANK = "rerank"
-CLASSIFICATION = frozenset({"text-classification", "sentiment-analysis"})  # the second: its old alias
-IMAGE_CLASSIFICATION = "image-classification"
-OBJECT_DETECTION = "object-detection"
-IMAGE_TASKS = frozenset({IMAGE_CLASSIFICATION, OBJECT_DETECTION})
+from zbatch.protocol.vocabulary import IMAGE_TASKS
 
 
 def is_text_task(task: str | None) -> bool:
@@ -26,36 +22,12 @@ def is_text_task(task: str | None) -> bool:
     return task not in IMAGE_TASKS
 
 
-def dialect_routes(model: str, task: str | None, tei_models: Mapping[str, str]) -> dict[str, list[str]]:
-    """The routes, by dialect, that can run ``model`` given its task and the gateway's TEI settings.
-
-    TEI routes appear only where the settings put this model behind them and its task fits.
-    """
-    routes: dict[str, list[str]] = {
-        "huggingface": [f"POST /models/{model}"],
-        "kserve": [f"POST /v2/models/{model}/infer"],
-    }
-    if task == EMBEDDINGS:
-        routes["huggingface"].append(f"POST /models/{model} (sentence-similarity)")
-        routes["openai"] = ["POST /v1/embeddings"]
-    fitting = {"/embed": task == EMBEDDINGS, "/similarity": task == EMBEDDINGS, "/rerank": task == RERANK,
-               "/predict": task in CLASSIFICATION, "/tokenize": is_text_task(task),
-               "/info": True, "/health": True}
-    tei = [path for path, fits in fitting.items() if fits and tei_models.get(path) == model]
-    if tei:
-        routes["tei"] = [f"{'GET' if path in ('/info', '/health') else 'POST'} {path}" for path in tei]
-    return routes
-
-
 def task_routes(task: str) -> str:
     """In words, where a model of ``task`` is answered, for an error message."""
-    if task == EMBEDDINGS:
-        return "POST /v1/embeddings, TEI's /embed and /similarity, /models/{model} and KServe's /v2"
-    if task == RERANK:
-        return "TEI's /rerank, /models/{model} and KServe's /v2"
-    if task in CLASSIFICATION:
-        return "TEI's /predict, /models/{model} and KServe's /v2"
-    return "/models/{model} and KServe's /v2"
+    from gateway.dialects import declared, routes_by_dialect  # the dialects import this module
+
+    titles = {dialect.name: dialect.title for dialect in declared()}
+    return "; ".join(f"{titles[name]}'s {', '.join(routes)}" for name, routes in routes_by_dialect(task).items())
 
 
 def require_task(model: str, task: str | None, needed: Collection[str], route: str, setting: str = "") -> None:
@@ -64,5 +36,5 @@ def require_task(model: str, task: str | None, needed: Collection[str], route: s
         return
     wanted = " or ".join(sorted(needed))
     hint = f"; point {setting} at a {wanted} model" if setting else ""
-    raise ApiError("wrong_task", f"{route} needs a {wanted} model, but {model!r} is a {task} model, which "
-                                 f"{task_routes(task)} answer{hint}")
+    raise ApiError("wrong_task", f"{route} needs a {wanted} model, but {model!r} is a {task} model, answered by "
+                                 f"{task_routes(task)}{hint}")

@@ -20,8 +20,8 @@ DAEMONS = ("broker", "worker", "gateway")
 PACKAGES = ("zbatch", *DAEMONS)
 # Sans-I/O: they take a clock and return decisions; the shells around them do the I/O.
 PURE_MODULES = ("broker.core", "broker.state", "zbatch.protocol.messages", "zbatch.protocol.wire",
-                "zbatch.protocol.payloads", "worker.batching", "worker.assembler", "worker.threads",
-                "zbatch.supervisor.policy")
+                "zbatch.protocol.payloads", "zbatch.protocol.vocabulary", "worker.batching", "worker.assembler",
+                "worker.threads", "zbatch.supervisor.policy")
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -54,6 +54,50 @@ def test_the_walk_sees_a_crossing(tmp_path: Path) -> None:
     source = tmp_path / "sample.py"
     source.write_text("def f():\n    from gateway.app import create_app\n    import worker.runners\n")
     assert imported_packages(source) == {"gateway", "worker"}
+
+
+DIALECTS = ROOT / "gateway" / "dialects"
+DIALECTS_PACKAGE = "gateway.dialects"
+
+
+def imported_modules(source: str, package: str) -> set[str]:
+    """Every module ``source`` (a module of ``package``) imports, by full name: ``from a import b`` counts a.b too;
+    relative imports are resolved."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def dialect_crossings(sources: dict[str, str]) -> list[str]:
+    """``module: imports X`` for every dialect module (name -> source) that imports another one."""
+    return [f"{name}: imports {imported}" for name, source in sorted(sources.items())
+            for imported in sorted(imported_modules(source, DIALECTS_PACKAGE))
+            if imported.removeprefix(f"{DIALECTS_PACKAGE}.") in set(sources) - {name}]
+
+
+def test_a_dialect_never_imports_another() -> None:
+    """Each dialect is one module: what two share lives in the gateway's shared modules, never in a dialect."""
+    sources = {path.stem: path.read_text(encoding="utf-8") for path in DIALECTS.glob("*.py")
+               if path.stem != "__init__"}
+    assert {"zbatch", "huggingface", "openai", "tei", "kserve"} <= set(sources)
+    assert dialect_crossings(sources) == []
+
+
+@pytest.mark.parametrize("source", ["from gateway.dialects.tei import embed", "from gateway.dialects import tei",
+                                    "from . import tei", "from .tei import embed",
+                                    "def f():\n    import gateway.dialects.tei"])
+def test_the_dialect_check_sees_a_crossing(source: str) -> None:
+    """The check itself can fail: absolute, from-package, relative and lazy imports of a sibling all count."""
+    assert dialect_crossings({"openai": source, "tei": ""}) == ["openai: imports gateway.dialects.tei"]
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)

@@ -18,8 +18,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.runners.spec import RUN
 from zbatch.protocol import payloads
+from zbatch.protocol.vocabulary import RUN
 from zbatch.protocol.wire import Reply, Status
 
 log = logging.getLogger("zbatch.worker")

@@ -33,8 +33,9 @@ class WorkerConfig:
                           "brokers: the worker registers with each and splits its capacity)", check=check_endpoints)
     model_path: str = option("", "folder of a transformers model (default: the bundled all-MiniLM-L6-v2)")
     model_name: str = option("", "public model name (default: all-MiniLM-L6-v2, or the folder's name)")
-    task: str = option("embeddings", "'embeddings', 'rerank', 'text-classification', 'image-classification', "
-                       "'object-detection' or another transformers pipeline task such as fill-mask")
+    task: str = option("embeddings", "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
+                       "'text-classification', 'image-classification', 'object-detection' or another transformers "
+                       "pipeline task such as fill-mask")
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
     dtype: str = option("auto", "weights dtype (auto: float32 on the CPU, float16 on CUDA, bfloat16 there for a "
                         "model saved in bfloat16); float16 needs CUDA; bfloat16 also suits CPUs with AVX512-BF16 or "
@@ -54,9 +55,13 @@ class WorkerConfig:
                               "eagerly (off)", choices=GRAPH_SETTINGS)
     max_batch_delay_ms: float = option(
         5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)
+    default_prompt_name: str = option(
+        "", "the prompt of the model's config_sentence_transformers.json put before a text whose request names "
+        "none (embeddings and sparse-embeddings models); empty: the model's own default_prompt_name, if any")
     extra_models: str = option(
         "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,runtime=..,quantize=..,"
-        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..]' separated by ';' (unset keys: the main model's)")
+        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..,default_prompt_name=..]' separated by ';' "
+        "(unset keys: the main model's, but default_prompt_name)")
     capacity: int = option(0, "items accepted in flight (0: two of the main model's batches)", minimum=0)
     max_inputs: int = option(256, "most inputs in one request, from any caller (bad_request beyond)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input, from any caller (bad_request beyond)",

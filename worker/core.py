@@ -64,10 +64,11 @@ from typing import Any
 
 from worker.assembler import Batch, PendingRequest
 from worker.requests import BadPayload, InputLimits, decode_request
-from worker.runners.spec import RUN, InputError, check_request
+from worker.runners.spec import InputError, check_request
 from worker.shares import Shares
 from worker.slots import ModelSlot, ready_infos
 from zbatch.protocol import wire
+from zbatch.protocol.vocabulary import RUN
 from zbatch.protocol.wire import BrokerToWorkerMessage, Cancel, Drain, Heartbeat, Ready, Reply, Request, Status
 from zbatch.runtime.logs import LogLimiter
 

@@ -42,9 +42,9 @@ from worker.cores import CoreLedger, host_cores, open_ledger, openmp_idle_spin
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
 from worker.runners.base import Operation, StagedRunner, staged
 from worker.runners.device import resolve_device
-from worker.runners.spec import RUN
 from worker.stages import BatchWork, PrepPool, Settled, settle
 from worker.threads import ThreadGovernor
+from zbatch.protocol.vocabulary import RUN
 from zbatch.protocol.wire import Status
 
 log = logging.getLogger("zbatch.worker")

@@ -40,8 +40,8 @@ from typing import Any, Final
 
 import msgpack
 
-from worker.runners.spec import OPERATIONS, RUN
 from zbatch.protocol.payloads import decode_extension
+from zbatch.protocol.vocabulary import OPERATIONS, RUN
 
 MAX_PARAMETER_BYTES: Final = 64 * 1024
 MAX_PARTS: Final = 8  # entries of one structured input

@@ -25,7 +25,7 @@ from zbatch.runtime.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from zbatch.runtime.settings import parse_entries
 
 SPEC_KEYS = {"name", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size", "max_batch_delay_ms",
-             "cuda_graphs"}
+             "cuda_graphs", "default_prompt_name"}
 LABELS_BUDGET_BYTES = MAX_META_BYTES // 2  # READY's labels, all models together; the rest of READY is small
 
 
@@ -73,7 +73,8 @@ def model_slots(config: WorkerConfig) -> dict[str, ModelSlot]:
     main = {"name": main_name, "path": path, "task": config.task, "device": config.device,
             "dtype": config.dtype, "runtime": config.runtime, "quantize": config.quantize,
             "onnx_cache": config.onnx_cache, "max_batch_size": str(config.max_batch_size),
-            "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs}
+            "max_batch_delay_ms": str(config.max_batch_delay_ms), "cuda_graphs": config.cuda_graphs,
+            "default_prompt_name": config.default_prompt_name}
     slots: dict[str, ModelSlot] = {}
     for fields in [main, *parse_extra_models(config.extra_models, defaults=main)]:
         slot = _slot(fields)
@@ -92,7 +93,7 @@ def parse_extra_models(text: str, defaults: dict[str, str]) -> list[dict[str, st
     for given in parse_entries(text, SPEC_KEYS, "extra model"):
         if "path" not in given:
             raise ValueError(f"extra model {given}: needs a path=")
-        fields = defaults | {"name": os.path.basename(given["path"].rstrip("/"))} | given
+        fields = defaults | {"name": os.path.basename(given["path"].rstrip("/")), "default_prompt_name": ""} | given
         models.append(fields)
     return models
 
@@ -108,6 +109,7 @@ def _slot(fields: dict[str, str]) -> ModelSlot:
     if fields["cuda_graphs"] not in GRAPH_SETTINGS:
         raise ValueError(f"model {fields['name']!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
     spec = ModelSpec(fields["name"], fields["path"], fields["task"], fields["device"], fields["dtype"], batch_size,
-                     fields["cuda_graphs"], fields["runtime"], fields["quantize"], fields["onnx_cache"])
+                     fields["cuda_graphs"], fields["runtime"], fields["quantize"], fields["onnx_cache"],
+                     fields["default_prompt_name"])
     check_settings(spec)
     return ModelSlot(spec, batch_size, BatchPolicy(batch_size, delay_ms / 1000))

@@ -1,47 +1,113 @@
-"""The HTTP dialects the gateway speaks besides its own, one module each, and which paths belong to which.
+"""The HTTP dialects the gateway speaks, one module each, and what each one declares.
 
-* :mod:`gateway.dialects.openai`: OpenAI's ``/v1/models`` and ``/v1/embeddings``.
-* :mod:`gateway.dialects.tei`: Hugging Face Text Embeddings Inference (``/embed``,
-  ``/rerank``, ``/predict``, ``/similarity``, ``/tokenize``, ``/info``, ``/health``).
-* :mod:`gateway.dialects.kserve`: the Open Inference Protocol (KServe v2, Triton,
-  MLServer) under ``/v2``, with Triton's binary tensor extension
-  (:mod:`gateway.dialects.tensors`).
-* :mod:`gateway.dialects.huggingface`: the Hugging Face Inference API shapes of
-  ``POST /models/{model}`` (texts, sentence similarity, images).
+Every module of this package is a dialect and defines ``DIALECT``, a
+:class:`Dialect`: its routes, the paths whose errors take its
+:class:`~gateway.errors.ErrorShape`, its part of the OpenAPI document, and
+which of its routes answer a model of a task (for ``GET /models`` and the
+``wrong_task`` messages).  The application mounts what :func:`declared`
+finds, the error middleware asks :func:`error_shape_of`, and the document
+(gateway/openapi.py) gathers the parts, so a new dialect is one new module
+and its tests.  A dialect imports the gateway's shared modules, never
+another dialect (tests/test_layout.py).
 
-Each dialect answers its errors in its own shape (gateway/errors.py renders
-them from the one error table); :func:`dialect_of` tells by the path, so even
-a 404 or 405 under ``/v2`` reaches a Triton client in a shape it reads.  This
-module imports nothing of the gateway, so the error middleware can use it.
+* :mod:`~gateway.dialects.zbatch`: the gateway's own, ``POST /``, health, readiness, models, statistics.
+* :mod:`~gateway.dialects.huggingface`: the Hugging Face Inference API shapes of ``POST /models/{model}``.
+* :mod:`~gateway.dialects.openai`: OpenAI's ``/v1/models`` and ``/v1/embeddings``.
+* :mod:`~gateway.dialects.tei`: Hugging Face Text Embeddings Inference.
+* :mod:`~gateway.dialects.kserve`: the Open Inference Protocol (KServe v2, Triton) over HTTP under ``/v2``.
+
+The KServe v2 gRPC service (gateway/grpc/) is a protocol of its own port,
+not a set of HTTP routes; it shares the KServe tensors of each task with the
+HTTP dialect through gateway/signatures.py.
 """
 
 from __future__ import annotations
 
-import enum
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.errors import ZBATCH_ERRORS, ErrorShape
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+
+# (task or None for unknown, the model or None for any, the gateway's settings or None for any) -> routes
+RoutesFor = Callable[["str | None", "str | None", "GatewayConfig | None"], list[str]]
 
 
-class Dialect(enum.Enum):
-    """Whose request and error shapes a path answers in."""
-
-    ZBATCH = "zbatch"
-    OPENAI = "openai"
-    TEI = "tei"
-    KSERVE = "kserve"
+def no_routes(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
+    return []
 
 
-# TEI serves one model per server at the root; these are its routes the gateway answers.
-TEI_PATHS = frozenset({"/embed", "/rerank", "/predict", "/similarity", "/tokenize", "/info", "/health"})
-OPENAI_PREFIX = "/v1/"
-ZBATCH_V1_PATHS = frozenset({"/v1/stats"})  # the gateway's own endpoint under /v1
-KSERVE_ROOT = "/v2"
+@dataclass(frozen=True)
+class Dialect:
+    """What one dialect module declares.
+
+    ``name``: its key in ``GET /models``' ``dialects``; ``title``: how messages name it.
+    ``routes``: its aiohttp routes, in the order they must be tried.
+    ``error_paths`` and ``error_prefixes``: the paths whose errors, a 404 or 405 included,
+    are answered in ``errors``; an exact path wins over a prefix, a longer prefix over a shorter.
+    ``openapi_paths`` and ``openapi_schemas``: its part of ``/openapi.json``.
+    ``answers``: its routes that answer a model of a task (:data:`RoutesFor`).
+    ``order``: where its routes go among the dialects' (lower first).
+    """
+
+    name: str
+    title: str
+    routes: Sequence[web.RouteDef]
+    errors: ErrorShape = ZBATCH_ERRORS
+    error_paths: frozenset[str] = frozenset()
+    error_prefixes: tuple[str, ...] = ()
+    openapi_paths: Mapping[str, Any] = field(default_factory=dict)
+    openapi_schemas: Mapping[str, Any] = field(default_factory=dict)
+    answers: RoutesFor = no_routes
+    order: int = 50
 
 
-def dialect_of(path: str) -> Dialect:
-    """The dialect of a request path: /v1/* is OpenAI's (but /v1/stats), /v2... KServe's, TEI's own paths TEI's."""
-    if path.startswith(OPENAI_PREFIX) and path not in ZBATCH_V1_PATHS:
-        return Dialect.OPENAI
-    if path == KSERVE_ROOT or path.startswith(KSERVE_ROOT + "/"):
-        return Dialect.KSERVE
-    if path in TEI_PATHS:
-        return Dialect.TEI
-    return Dialect.ZBATCH
+@functools.cache
+def declared() -> tuple[Dialect, ...]:
+    """Every dialect of this package, in route order (loaded on the first call)."""
+    found = []
+    for module in pkgutil.iter_modules(__path__):
+        dialect = getattr(importlib.import_module(f"{__name__}.{module.name}"), "DIALECT", None)
+        if not isinstance(dialect, Dialect):
+            raise TypeError(f"{__name__}.{module.name} is in the dialects package but declares no DIALECT")
+        found.append(dialect)
+    return tuple(sorted(found, key=lambda dialect: (dialect.order, dialect.name)))
+
+
+def error_shape_of(path: str) -> ErrorShape:
+    """The error shape a path answers in: its dialect's (see :class:`Dialect`), else the gateway's own."""
+    exact, prefixes = _error_owners()
+    shape = exact.get(path)
+    if shape is not None:
+        return shape
+    for prefix, owner in prefixes:  # longest first
+        if path.startswith(prefix):
+            return owner
+    return ZBATCH_ERRORS
+
+
+@functools.cache
+def _error_owners() -> tuple[dict[str, ErrorShape], list[tuple[str, ErrorShape]]]:
+    dialects = declared()
+    exact = {path: dialect.errors for dialect in dialects for path in dialect.error_paths}
+    prefixes = [(prefix, dialect.errors) for dialect in dialects for prefix in dialect.error_prefixes]
+    return exact, sorted(prefixes, key=lambda owned: -len(owned[0]))
+
+
+def routes_by_dialect(task: str | None, model: str | None = None,
+                      config: GatewayConfig | None = None) -> dict[str, list[str]]:
+    """Per dialect, its routes that answer ``model`` (any model if None) of ``task`` under ``config``."""
+    answering = {dialect.name: dialect.answers(task, model, config) for dialect in declared()}
+    return {name: routes for name, routes in sorted(answering.items()) if routes}
+
+
+def all_routes() -> list[web.RouteDef]:
+    return [route for dialect in declared() for route in dialect.routes]

@@ -1,107 +1,81 @@
-"""The Open Inference Protocol (KServe v2; Triton, MLServer and tritonclient speak it) under ``/v2``.
+"""The Open Inference Protocol (KServe v2; Triton, MLServer and tritonclient speak it) over HTTP, under ``/v2``.
 
 Health and metadata: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
 ``/v2/models/{model}``, ``/v2/models/{model}/ready``.  Inference:
 ``POST /v2/models/{model}/infer``, in the JSON form or Triton's binary tensor
-extension (gateway/dialects/tensors.py), which tritonclient uses by default.
+extension, which tritonclient uses by default.  Each task's tensors are
+gateway/signatures.py's, which the gRPC service (gateway/grpc/) shares.
 
-Each task's tensors (every input is BYTES; ``N`` inputs, shape ``[N]`` or ``[N, 1]``):
-
-============================  ==========================  ==========================================
-task                          inputs                      outputs
-============================  ==========================  ==========================================
-embeddings                    ``text``                    ``embedding`` FP32 ``[N, dim]``
-rerank                        ``query`` (1, or N),        ``scores`` FP32 ``[N]``
-                              ``texts``
-text-classification           ``text``, ``text_pair``     ``labels`` BYTES ``[N, k]``, ``scores`` FP32
-                              (optional)                  ``[N, k]``, best first
-image-classification          ``image`` (image files)     ``labels``, ``scores`` as above
-object-detection              ``image``                   ``boxes`` INT32 ``[M, 4]`` (xmin, ymin, xmax,
-                                                          ymax), ``labels`` BYTES ``[M]``, ``scores`` FP32
-                                                          ``[M]``, ``batch_index`` INT32 ``[M]``: the
-                                                          image each detection is in
-any other task                ``text``                    ``output`` BYTES ``[N]``: each output as JSON
-============================  ==========================  ==========================================
+A request is JSON, or (binary form) JSON followed by raw tensor bytes: the
+``Inference-Header-Content-Length`` header says how long the JSON part is,
+and each input with ``parameters.binary_data_size`` takes that many of the
+bytes after it, in input order (gateway/tensors.py reads a BYTES tensor's
+bytes).  Answers follow the same rules: outputs asked for in binary
+(``binary_data`` on the output, or ``binary_data_output`` for all) come after
+the JSON, whose length the answer's header gives.  Every length is checked
+against the body before it is used: a header longer than the body, a
+negative or non-numeric one, sizes that overrun or leave bytes unclaimed,
+element counts that do not match the shape are each a 400 that says what is
+wrong.
 
 Images are raw bytes in the binary form, base64 text in the JSON form.  The
-request's ``parameters`` may set the task's parameters (PROTOCOL.md 5.2:
-``normalize``, ``dimensions``, ``truncate``, ``raw_scores``, ``top_k``,
-``threshold``...); Triton's own (``binary_data_output``, ``priority``...) are
-read or ignored.  Errors are ``{"error": str}`` with the gateway's statuses.
+request's ``parameters`` may set the task's parameters; Triton's own
+(``binary_data_output``, ``priority``...) are read or ignored.  Errors are
+``{"error": str}`` with the gateway's statuses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import orjson
 from aiohttp import web
 
 from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import ModelInfo, fleet_stats
-from gateway.dialects.huggingface import decode_base64
-from gateway.dialects.tensors import (
-    HEADER_LENGTH,
-    InputTensor,
-    OutputTensor,
-    encode_answer,
-    read_inputs,
-    split_body,
+from gateway.config import GatewayConfig
+from gateway.dialects import Dialect
+from gateway.errors import ApiError, ErrorShape, bad_request
+from gateway.inference import call_of, token_headers
+from gateway.openapi_parts import (
+    BROKER_QUERY_ERRORS,
+    EXAMPLE_MODEL,
+    answer,
+    get,
+    inference,
+    model_parameter,
+    object_schema,
+    ref,
 )
-from gateway.errors import ApiError, bad_request
-from gateway.handlers import readiness
-from gateway.inference import Result, run, token_headers
-from gateway.responses import JSON_OPTIONS, VERSION, json_response
-from gateway.tasks import CLASSIFICATION, EMBEDDINGS, IMAGE_CLASSIFICATION, OBJECT_DETECTION, RERANK
-from zbatch.client import WorkerError
+from gateway.parsing import json_object
+from gateway.responses import json_response
+from gateway.signatures import (
+    MODEL_VERSION,
+    infer,
+    known_model,
+    model_metadata,
+    model_ready,
+    server_metadata,
+    server_ready,
+    signature,
+)
+from gateway.tensors import MAX_DIMENSIONS, InputTensor, OutputTensor, checked_shape, holding, split_elements
 
-SERVER = "zbatch"
-MODEL_VERSION = "1"
-TEXT_PARAMETERS = ("truncate", "truncation_direction")
-# The request parameters passed to the worker, by task; others (Triton's own) are not.
-PARAMETERS: dict[str | None, tuple[str, ...]] = {
-    EMBEDDINGS: ("normalize", "dimensions", *TEXT_PARAMETERS),
-    RERANK: ("raw_scores", *TEXT_PARAMETERS),
-    IMAGE_CLASSIFICATION: ("top_k",),
-    OBJECT_DETECTION: ("threshold",),
-    **dict.fromkeys(CLASSIFICATION, ("raw_scores", "top_k", *TEXT_PARAMETERS)),
-}
-
-
-@dataclass(frozen=True)
-class Signature:
-    """A task's tensors: (name, datatype, shape) of its inputs, optional ones last, and of its outputs."""
-
-    inputs: tuple[tuple[str, str, list[int]], ...]
-    outputs: tuple[tuple[str, str, list[int]], ...]
-    optional: frozenset[str] = frozenset()
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_HEADER_DIGITS = 10
+EXTENSIONS = ("binary_tensor_data",)
+JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-def signature(info: ModelInfo | None) -> Signature:
-    """What a model of this task takes and gives (see the module's table)."""
-    task = None if info is None else info.task
-    scored = (("labels", "BYTES", [-1, -1]), ("scores", "FP32", [-1, -1]))
-    if task == EMBEDDINGS:
-        dim = (info.dimensions if info else None) or -1
-        return Signature((("text", "BYTES", [-1]),), (("embedding", "FP32", [-1, dim]),))
-    if task == RERANK:
-        return Signature((("query", "BYTES", [-1]), ("texts", "BYTES", [-1])), (("scores", "FP32", [-1]),))
-    if task in CLASSIFICATION:
-        return Signature((("text", "BYTES", [-1]), ("text_pair", "BYTES", [-1])), scored, frozenset({"text_pair"}))
-    if task == IMAGE_CLASSIFICATION:
-        return Signature((("image", "BYTES", [-1]),), scored)
-    if task == OBJECT_DETECTION:
-        return Signature((("image", "BYTES", [-1]),), (("boxes", "INT32", [-1, 4]), ("labels", "BYTES", [-1]),
-                                                       ("scores", "FP32", [-1]), ("batch_index", "INT32", [-1])))
-    return Signature((("text", "BYTES", [-1]),), (("output", "BYTES", [-1]),))
+def error_answer(error: ApiError) -> tuple[int, Any]:
+    return error.status, {"error": error.message}
+
+
+ERRORS = ErrorShape("KServeError", object_schema(["error"], {"error": {"type": "string"}}), error_answer)
 
 
 async def get_server(request: web.Request) -> web.Response:
     """``GET /v2``: the server's name, version and extensions."""
-    return json_response({"name": SERVER, "version": VERSION, "extensions": ["binary_tensor_data"]})
+    return json_response(server_metadata(EXTENSIONS))
 
 
 async def get_live(request: web.Request) -> web.Response:
@@ -111,168 +85,21 @@ async def get_live(request: web.Request) -> web.Response:
 
 async def get_ready(request: web.Request) -> web.Response:
     """``GET /v2/health/ready``: 200 when a broker is ready (as ``/readyz``), else 503 with the reason."""
-    by_broker = await request.app[CLIENT].stats_by_broker(timeout_ms=1000)
-    required = request.app[CONFIG].required_models
-    verdicts = [readiness(stats, required) for stats in by_broker.values()]
-    if "ready" not in verdicts:
-        raise ApiError("no_worker", "not ready: " + "; ".join(verdicts))
+    await server_ready(request.app[CLIENT], request.app[CONFIG])
     return json_response({"ready": True})
-
-
-async def known_model(request: web.Request) -> ModelInfo:
-    """The path's model, or 404 if no broker knows it."""
-    model = request.match_info["model"]
-    info = await request.app[CATALOG].lookup(request.app[CLIENT], model)
-    if info is None:
-        raise ApiError("unknown_model", f"no broker knows the model {model!r}; GET /models lists them")
-    return info
 
 
 async def get_model(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}``: the model's inputs and outputs, from its task."""
-    info = await known_model(request)
-    shape = signature(info)
-    return json_response({
-        "name": info.name, "versions": [MODEL_VERSION], "platform": f"{SERVER}/{info.task or 'unknown'}",
-        "inputs": [{"name": n, "datatype": t, "shape": s} for n, t, s in shape.inputs],
-        "outputs": [{"name": n, "datatype": t, "shape": s} for n, t, s in shape.outputs],
-    })
+    info = await known_model(request.app[CLIENT], request.app[CATALOG], request.match_info["model"])
+    return json_response(model_metadata(info))
 
 
 async def get_model_ready(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}/ready``: 200 while a worker serves the model; 404 unknown, 503 none."""
     model = request.match_info["model"]
-    figures = (await fleet_stats(request)).get("models", {}).get(model)
-    if figures is None:
-        raise ApiError("unknown_model", f"no broker knows the model {model!r}; GET /models lists them")
-    if figures.get("workers", 0) < 1:
-        raise ApiError("no_worker", f"no worker serves {model!r} right now")
+    await model_ready(request.app[CLIENT], request.app[CATALOG], model)
     return json_response({"name": model, "ready": True})
-
-
-def texts_of(tensor: InputTensor) -> list[str]:
-    """A BYTES input as texts: JSON strings as they are, binary elements decoded as UTF-8."""
-    texts: list[str] = []
-    for index, item in enumerate(tensor.items):
-        if isinstance(item, str):
-            texts.append(item)
-            continue
-        try:
-            texts.append(item.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise bad_request(f"input {tensor.name!r}[{index}] is not UTF-8 text") from None
-    if not all(texts):
-        raise bad_request(f"input {tensor.name!r} holds an empty text")
-    return texts
-
-
-def images_of(tensor: InputTensor) -> list[bytes]:
-    """A BYTES input as image files: binary elements as they are, JSON strings from base64."""
-    return [decode_base64(item, f"input {tensor.name!r}[{index}]") if isinstance(item, str) else item
-            for index, item in enumerate(tensor.items)]
-
-
-def batch_of(tensors: dict[str, InputTensor], shape: Signature, model: str) -> dict[str, InputTensor]:
-    """The inputs the task takes, each of shape [N] or [N, 1]; a missing or unknown one is a 400."""
-    expected = [name for name, _, _ in shape.inputs]
-    unknown = set(tensors) - set(expected)
-    missing = [name for name in expected if name not in tensors and name not in shape.optional]
-    if unknown or missing:
-        raise bad_request(f"model {model!r} takes the BYTES inputs {', '.join(expected)}"
-                          f"{' (' + ', '.join(sorted(shape.optional)) + ' optional)' if shape.optional else ''}; "
-                          f"got {', '.join(sorted(tensors))}")
-    for tensor in tensors.values():
-        if not tensor.shape or any(d != 1 for d in tensor.shape[1:]):
-            raise bad_request(f"input {tensor.name!r} must have shape [N] or [N, 1], not {list(tensor.shape)}")
-    return tensors
-
-
-async def infer_embeddings(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                           parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    texts = texts_of(tensors["text"])
-    result = await run(request, model, texts, parameters)
-    vectors = np.stack([np.asarray(v, dtype=np.float32) for v in result.outputs])
-    return result, [OutputTensor("embedding", "FP32", vectors.shape, vectors)]
-
-
-async def infer_rerank(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                       parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    queries, texts = texts_of(tensors["query"]), texts_of(tensors["texts"])
-    if len(queries) not in (1, len(texts)):
-        raise bad_request(f"input 'query' has {len(queries)} texts: give one, or one per text ({len(texts)})")
-    pairs = [[queries[0] if len(queries) == 1 else queries[i], text] for i, text in enumerate(texts)]
-    result = await run(request, model, pairs, parameters, texts=[*queries, *texts])
-    scores = np.asarray(result.outputs, dtype=np.float32)
-    return result, [OutputTensor("scores", "FP32", scores.shape, scores)]
-
-
-def scored(outputs: list[Any]) -> list[OutputTensor]:
-    """``labels`` and ``scores`` of shape [N, k] from each input's ``[{"label", "score"}, ...]``."""
-    k = len(outputs[0]) if outputs else 0
-    if any(len(row) != k for row in outputs):
-        raise WorkerError("the worker gave inputs different numbers of labels")
-    labels = [str(entry["label"]).encode() for row in outputs for entry in row]
-    scores = np.asarray([[entry["score"] for entry in row] for row in outputs], dtype=np.float32).reshape(-1, k)
-    return [OutputTensor("labels", "BYTES", (len(outputs), k), labels),
-            OutputTensor("scores", "FP32", scores.shape, scores)]
-
-
-async def infer_classification(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                               parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    texts = texts_of(tensors["text"])
-    inputs: list[Any] = texts
-    if "text_pair" in tensors:
-        pairs = texts_of(tensors["text_pair"])
-        if len(pairs) != len(texts):
-            raise bad_request(f"input 'text_pair' has {len(pairs)} texts; give one per text ({len(texts)})")
-        inputs = [list(pair) for pair in zip(texts, pairs, strict=True)]
-    result = await run(request, model, inputs, parameters, texts=[t for i in inputs for t in
-                                                                  (i if isinstance(i, list) else [i])])
-    return result, scored(result.outputs)
-
-
-async def infer_image_classification(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                                     parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    result = await run(request, model, images_of(tensors["image"]), parameters, texts=())
-    return result, scored(result.outputs)
-
-
-async def infer_detection(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                          parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    result = await run(request, model, images_of(tensors["image"]), parameters, texts=())
-    found = [(index, d) for index, detections in enumerate(result.outputs) for d in detections]
-    boxes = np.asarray([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for _, d in found],
-                       dtype=np.int32).reshape(-1, 4)
-    scores = np.asarray([d["score"] for _, d in found], dtype=np.float32)
-    where = np.asarray([index for index, _ in found], dtype=np.int32)
-    labels = [str(d["label"]).encode() for _, d in found]
-    return result, [OutputTensor("boxes", "INT32", boxes.shape, boxes),
-                    OutputTensor("labels", "BYTES", (len(found),), labels),
-                    OutputTensor("scores", "FP32", scores.shape, scores),
-                    OutputTensor("batch_index", "INT32", where.shape, where)]
-
-
-async def infer_other(request: web.Request, model: str, tensors: dict[str, InputTensor],
-                      parameters: dict[str, Any]) -> tuple[Result, list[OutputTensor]]:
-    result = await run(request, model, texts_of(tensors["text"]), parameters)
-    encoded = [orjson.dumps(output, option=JSON_OPTIONS) for output in result.outputs]
-    return result, [OutputTensor("output", "BYTES", (len(encoded),), encoded)]
-
-
-Runner = Callable[[web.Request, str, dict[str, InputTensor], dict[str, Any]],
-                  Awaitable[tuple[Result, list[OutputTensor]]]]
-RUNNERS: dict[str, Runner] = {
-    EMBEDDINGS: infer_embeddings, RERANK: infer_rerank, IMAGE_CLASSIFICATION: infer_image_classification,
-    OBJECT_DETECTION: infer_detection, **dict.fromkeys(CLASSIFICATION, infer_classification),
-}
-
-
-def task_parameters(request_json: dict[str, Any], task: str | None) -> dict[str, Any]:
-    """The request parameters the task takes (the worker checks their values)."""
-    given = request_json.get("parameters") or {}
-    if not isinstance(given, dict):
-        raise bad_request('"parameters" must be an object')
-    return {name: given[name] for name in PARAMETERS.get(task, ()) if given.get(name) is not None}
 
 
 def chosen_outputs(request_json: dict[str, Any], names: list[str]) -> tuple[list[str], set[str]]:
@@ -298,20 +125,190 @@ async def post_infer(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     request_json, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
     tensors = read_inputs(request_json, binary)
-    info = await request.app[CATALOG].lookup(request.app[CLIENT], model)
-    task = None if info is None else info.task
-    shape = signature(info)
-    batch = batch_of(tensors, shape, model)
-    names, in_binary = chosen_outputs(request_json, [name for name, _, _ in shape.outputs])
-    parameters = task_parameters(request_json, task)
-    result, outputs = await RUNNERS.get(task or "", infer_other)(request, model, batch, parameters)
+    given = request_json.get("parameters") or {}
+    if not isinstance(given, dict):
+        raise bad_request('"parameters" must be an object')
+    call = call_of(request)
+    info = await call.catalog.lookup(call.client, model)
+    names, in_binary = chosen_outputs(request_json, signature(info).output_names)
+    result, outputs = await infer(call, model, info, tensors, given)
     by_name = {output.name: output for output in outputs}
     head: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION}
     if isinstance(request_json.get("id"), str):
         head["id"] = request_json["id"]
-    answer, header_length = encode_answer(head, [by_name[name] for name in names], in_binary)
+    body, header_length = encode_answer(head, [by_name[name] for name in names], in_binary)
     headers = token_headers(result)
     if header_length is None:
-        return web.Response(body=answer, content_type="application/json", headers=headers)
+        return web.Response(body=body, content_type="application/json", headers=headers)
     headers[HEADER_LENGTH] = str(header_length)
-    return web.Response(body=answer, content_type="application/octet-stream", headers=headers)
+    return web.Response(body=body, content_type="application/octet-stream", headers=headers)
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+    """The request's JSON part and the bytes after it (empty without ``Inference-Header-Content-Length``)."""
+    view = memoryview(body)
+    if header_length is None:
+        return json_object(view), view[len(view):]
+    raw = header_length.strip()
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_HEADER_DIGITS):
+        raise bad_request(f"{HEADER_LENGTH} must be the length in bytes of the JSON part of the body, a whole "
+                          f"number, not {raw[:20]!r}")
+    length = int(raw)
+    if length > len(view):
+        raise bad_request(f"{HEADER_LENGTH} says the JSON part has {length} bytes, but the whole body has "
+                          f"{len(view)}")
+    return json_object(view[:length]), view[length:]
+
+
+def read_inputs(request: dict[str, Any], binary: memoryview) -> dict[str, InputTensor]:
+    """The request's inputs by name, all BYTES, their elements taken from JSON ``data`` or the binary part."""
+    entries = request.get("inputs")
+    if not isinstance(entries, list) or not entries:
+        raise bad_request('"inputs" must be a non-empty list of tensors {"name", "datatype", "shape", "data"}')
+    tensors: dict[str, InputTensor] = {}
+    offset = 0
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise bad_request('each of "inputs" must be an object {"name", "datatype", "shape", "data"}')
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or name in tensors:
+            raise bad_request("each input needs a name of its own (a non-empty string)")
+        shape = checked_shape(entry.get("shape"), name)
+        if entry.get("datatype") != "BYTES":
+            raise bad_request(f"input {name!r} is {str(entry.get('datatype'))[:16]!r}; inputs are BYTES: texts, "
+                              "or images")
+        parameters = entry.get("parameters") or {}
+        size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(binary) - offset:
+                raise bad_request(f"input {name!r}: binary_data_size must be a whole number of bytes within the "
+                                  f"{len(binary) - offset} binary bytes left in the body")
+            items: list[bytes | str] = list(split_elements(binary[offset:offset + size], name))
+            offset += size
+        else:
+            items = json_elements(entry.get("data"), name)
+        tensors[name] = holding(name, items, shape)
+    if offset != len(binary):
+        raise bad_request(f"the body has {len(binary) - offset} bytes after the inputs' binary data that no input "
+                          "claims; check binary_data_size")
+    return tensors
+
+
+def json_elements(data: Any, name: str) -> list[bytes | str]:
+    """A BYTES tensor's elements from the JSON form: strings, flat or nested as the shape."""
+    flat: list[bytes | str] = []
+
+    def add(value: Any, depth: int) -> None:
+        if isinstance(value, str):
+            flat.append(value)
+        elif isinstance(value, list) and depth < MAX_DIMENSIONS:
+            for item in value:
+                add(item, depth + 1)
+        else:
+            raise bad_request(f'input {name!r}: "data" must hold strings (texts, or images in base64), in a list')
+
+    if not isinstance(data, list):
+        raise bad_request(f'input {name!r} needs "data" (a list), or parameters.binary_data_size (binary form)')
+    add(data, 0)
+    return flat
+
+
+def encode_answer(head: dict[str, Any], outputs: list[OutputTensor], binary: set[str]) -> tuple[bytes, int | None]:
+    """The answer's body, and the length of its JSON part when outputs in ``binary`` follow it (else None)."""
+    described, blobs = [], []
+    for output in outputs:
+        entry: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": list(output.shape)}
+        if output.name in binary:
+            raw = output.raw()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = output.json_data()
+        described.append(entry)
+    header = orjson.dumps(head | {"outputs": described}, option=JSON_OPTIONS)
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def answers(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
+    """Every model has its tensors (gateway/signatures.py)."""
+    return [f"POST /v2/models/{model or '{model}'}/infer"]
+
+
+SCHEMAS: dict[str, Any] = {
+    ERRORS.schema_name: ERRORS.schema,
+    "ServerMetadata": object_schema(["name", "version", "extensions"], {
+        "name": {"type": "string"}, "version": {"type": "string"},
+        "extensions": {"type": "array", "items": {"type": "string"}}}),
+    "TensorMetadata": object_schema(["name", "datatype", "shape"], {
+        "name": {"type": "string"}, "datatype": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer"}}}),
+    "ModelMetadata": object_schema(["name", "platform", "inputs", "outputs"], {
+        "name": {"type": "string"}, "versions": {"type": "array", "items": {"type": "string"}},
+        "platform": {"type": "string", "description": "zbatch/TASK"},
+        "inputs": {"type": "array", "items": ref("TensorMetadata")},
+        "outputs": {"type": "array", "items": ref("TensorMetadata")}}),
+    "InferenceRequest": object_schema(["inputs"], {
+        "id": {"type": "string"},
+        "parameters": {"type": "object", "description": "The task's parameters; binary_data_output"},
+        "inputs": {"type": "array", "minItems": 1, "items": object_schema(["name", "datatype", "shape"], {
+            "name": {"type": "string"}, "datatype": {"type": "string", "enum": ["BYTES"]},
+            "shape": {"type": "array", "minItems": 1, "maxItems": MAX_DIMENSIONS,
+                      "items": {"type": "integer", "minimum": 0}},
+            "parameters": object_schema([], {"binary_data_size": {"type": "integer", "minimum": 0}}),
+            "data": {"type": "array", "items": {}}})},
+        "outputs": {"type": "array", "items": object_schema(["name"], {
+            "name": {"type": "string"}, "parameters": object_schema([], {"binary_data": {"type": "boolean"}})})}},
+        example={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}),
+    "InferenceResponse": object_schema(["model_name", "outputs"], {
+        "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
+        "outputs": {"type": "array", "items": object_schema(["name", "datatype", "shape"], {
+            "name": {"type": "string"}, "datatype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}}, "data": {"type": "array", "items": {}},
+            "parameters": object_schema([], {"binary_data_size": {"type": "integer"}})})}}),
+}
+HEADER_LENGTH_PARAMETER = {
+    "name": HEADER_LENGTH, "in": "header", "required": False,
+    "description": "Binary form (Triton's binary tensor extension): the length of the JSON part of the body; "
+                   "the inputs' binary data follows it",
+    "schema": {"type": "string", "pattern": "^[0-9]{1,10}$"}}
+MODEL = (model_parameter(EXAMPLE_MODEL),)
+PATHS: dict[str, Any] = {
+    "/v2": get("KServe v2: the server's name, version and extensions", answer("Server", ref("ServerMetadata")),
+               "unauthorized", shape=ERRORS),
+    "/v2/health/live": get("KServe v2: live while the gateway answers",
+                           answer("Live", object_schema(["live"], {"live": {"type": "boolean"}})),
+                           "unauthorized", shape=ERRORS),
+    "/v2/health/ready": get("KServe v2: ready as /readyz",
+                            answer("Ready", object_schema(["ready"], {"ready": {"type": "boolean"}})),
+                            *BROKER_QUERY_ERRORS, "no_worker", shape=ERRORS),
+    "/v2/models/{model}": get("KServe v2: the model's input and output tensors, from its task",
+                              answer("Model", ref("ModelMetadata")), *BROKER_QUERY_ERRORS, "unknown_model",
+                              shape=ERRORS, parameters=MODEL),
+    "/v2/models/{model}/ready": get("KServe v2: ready while a worker serves the model",
+                                    answer("Ready", object_schema(["name", "ready"], {
+                                        "name": {"type": "string"}, "ready": {"type": "boolean"}})),
+                                    *BROKER_QUERY_ERRORS, "unknown_model", "no_worker", shape=ERRORS,
+                                    parameters=MODEL),
+    "/v2/models/{model}/infer": inference(
+        "KServe v2: run the model on its tensors, JSON or binary (tritonclient's default)",
+        {"application/json": {"schema": ref("InferenceRequest")},
+         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        {**answer("Outputs: JSON, or in the binary form the JSON part (its length in "
+                  f"{HEADER_LENGTH}) and then the binary outputs", ref("InferenceResponse"), tokens=True),
+         "content": {"application/json": {"schema": ref("InferenceResponse")},
+                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        *MODEL, HEADER_LENGTH_PARAMETER, shape=ERRORS),
+}
+
+DIALECT = Dialect(
+    name="kserve", title="KServe v2",
+    routes=(web.get("/v2", get_server), web.get("/v2/health/live", get_live), web.get("/v2/health/ready", get_ready),
+            # The model name may hold slashes (org/name): the longer paths are tried first.
+            web.post("/v2/models/{model:.+}/infer", post_infer),
+            web.get("/v2/models/{model:.+}/ready", get_model_ready),
+            web.get("/v2/models/{model:.+}", get_model)),
+    errors=ERRORS, error_paths=frozenset({"/v2"}), error_prefixes=("/v2/",), openapi_paths=PATHS,
+    openapi_schemas=SCHEMAS, answers=answers, order=40,
+)

@@ -6,7 +6,9 @@
   arrays are refused), ``encoding_format`` (``float`` or ``base64``: little-endian
   float32, which the SDK asks for by default), ``dimensions`` (the first N numbers,
   re-normalised by the worker; more than the model has is a 400) and ``user``
-  (ignored).  ``usage`` counts the tokens the model took (PROTOCOL.md 5.1).
+  (ignored); and, beyond OpenAI's fields (the SDK's ``extra_body``), ``prompt_name``
+  (a prompt of the model's, as TEI's).  ``usage`` counts the tokens the model took
+  (PROTOCOL.md 5.1).
 
 Errors on these paths are in OpenAI's shape, ``{"error": {"message", "type",
 "param", "code"}}``, with the gateway's statuses (gateway/errors.py), so the
@@ -21,16 +23,47 @@ from typing import Any
 from aiohttp import web
 
 from gateway.catalog import fleet_stats
-from gateway.dialects.huggingface import task_of
-from gateway.errors import ApiError, bad_request
-from gateway.inference import run, with_tokens
+from gateway.config import GatewayConfig
+from gateway.dialects import Dialect
+from gateway.errors import ApiError, ErrorShape, bad_request
+from gateway.inference import call_of, run, with_tokens
+from gateway.openapi_parts import (
+    BROKER_QUERY_ERRORS,
+    EXAMPLE_MODEL,
+    PROMPT_NAME,
+    TEXTS,
+    answer,
+    get,
+    inference,
+    model_parameter,
+    object_schema,
+    ref,
+)
 from gateway.parsing import model_options, parse_inputs, read_json
 from gateway.responses import encode_embedding, json_response
-from gateway.tasks import EMBEDDINGS, require_task
+from gateway.tasks import require_task
+from zbatch.protocol import vocabulary
+from zbatch.protocol.vocabulary import EMBEDDINGS
 from zbatch.protocol.wire import MAX_NAME_CHARS
 
 ENCODINGS = ("float", "base64")
 OWNER = "zbatch"
+# OpenAI's error.type by code, where the status does not say it (invalid_request_error below 500,
+# server_error from 500).
+ERROR_TYPES = {"unauthorized": "authentication_error"}
+
+
+def error_answer(error: ApiError) -> tuple[int, Any]:
+    """OpenAI's ``{"error": {"message", "type", "param", "code"}}``, with the gateway's status."""
+    kind = ERROR_TYPES.get(error.code) or ("server_error" if error.status >= 500 else "invalid_request_error")
+    return error.status, {"error": {"message": error.message, "type": kind, "param": error.param,
+                                    "code": error.code}}
+
+
+ERRORS = ErrorShape("OpenAIError", object_schema(["error"], {"error": object_schema(
+    ["message", "type", "param", "code"], {"message": {"type": "string"}, "type": {"type": "string"},
+                                           "param": {"type": "string", "nullable": True},
+                                           "code": {"type": "string"}})}), error_answer)
 
 
 def model_object(name: str, created: int) -> dict[str, Any]:
@@ -73,16 +106,74 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[str], str, dict[st
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
         raise bad_request('"encoding_format" must be "float" or "base64"', param="encoding_format")
-    return model, texts, encoding, model_options(body, ("dimensions",))
+    return model, texts, encoding, model_options(body, (vocabulary.DIMENSIONS, vocabulary.PROMPT_NAME))
 
 
 async def post_embeddings(request: web.Request) -> web.Response:
     """``POST /v1/embeddings``: one embedding per input, in order, and the tokens they took."""
     model, texts, encoding, parameters = parse_embeddings(await read_json(request))
-    require_task(model, await task_of(request, model), {EMBEDDINGS}, "POST /v1/embeddings")
-    result = await run(request, model, texts, parameters)
+    call = call_of(request)
+    require_task(model, await call.task_of(model), {EMBEDDINGS}, "POST /v1/embeddings")
+    result = await run(call, model, texts, parameters)
     data = [{"object": "embedding", "index": index, "embedding": encode_embedding(output, encoding)}
             for index, output in enumerate(result.outputs)]
     tokens = result.total_tokens or 0
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return with_tokens(json_response({"object": "list", "data": data, "model": model, "usage": usage}), result)
+
+
+def answers(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
+    return ["POST /v1/embeddings"] if task == EMBEDDINGS else []
+
+
+SCHEMAS: dict[str, Any] = {
+    ERRORS.schema_name: ERRORS.schema,
+    "OpenAIModel": object_schema(["id", "object", "created", "owned_by"], {
+        "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
+        "created": {"type": "integer"}, "owned_by": {"type": "string"}}),
+    "OpenAIModelList": object_schema(["object", "data"], {"object": {"type": "string", "enum": ["list"]},
+                                                         "data": {"type": "array", "items": ref("OpenAIModel")}}),
+    "EmbeddingsRequest": {
+        "type": "object", "required": ["model", "input"], "example": {"model": EXAMPLE_MODEL, "input": "hello"},
+        "properties": {"model": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS},
+                       "input": TEXTS,
+                       "encoding_format": {"type": "string", "enum": list(ENCODINGS), "default": "float"},
+                       "dimensions": {"type": "integer", "minimum": 1,
+                                      "description": "Only the first N numbers, re-normalised"},
+                       "user": {"type": "string"}, **PROMPT_NAME},
+    },
+    "EmbeddingsResponse": {
+        "type": "object", "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {
+                "type": "object", "required": ["object", "index", "embedding"],
+                "properties": {"object": {"type": "string", "enum": ["embedding"]},
+                               "index": {"type": "integer", "minimum": 0},
+                               "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                                       {"type": "string", "format": "byte"}]}}}},
+            "model": {"type": "string"},
+            "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"},
+                                                       "total_tokens": {"type": "integer"}}},
+        },
+    },
+}
+PATHS: dict[str, Any] = {
+    "/v1/models": get("OpenAI: the models a worker serves", answer("Models", ref("OpenAIModelList")),
+                      *BROKER_QUERY_ERRORS, shape=ERRORS),
+    "/v1/models/{model}": get("OpenAI: one model a worker serves", answer("The model", ref("OpenAIModel")),
+                              *BROKER_QUERY_ERRORS, "unknown_model", shape=ERRORS,
+                              parameters=(model_parameter(EXAMPLE_MODEL),)),
+    "/v1/embeddings": inference("OpenAI: embeddings, with usage from the model's token counts",
+                                {"application/json": {"schema": ref("EmbeddingsRequest")}},
+                                answer("Embeddings in input order", ref("EmbeddingsResponse"), tokens=True),
+                                shape=ERRORS),
+}
+
+DIALECT = Dialect(
+    name="openai", title="OpenAI",
+    routes=(web.post("/v1/embeddings", post_embeddings), web.get("/v1/models", get_models),
+            web.get("/v1/models/{model:.+}", get_model)),
+    errors=ERRORS, error_prefixes=("/v1/",), openapi_paths=PATHS, openapi_schemas=SCHEMAS, answers=answers,
+    order=20,
+)

@@ -20,32 +20,47 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import Daemons, http_json, start_broker, start_gateway, start_worker
-from tests.worker.tiny_models import image_bytes, make_tiny_bert, make_tiny_vit, make_tiny_yolos
+from tests.daemons import Daemons, free_port, http_json, start_broker, start_gateway, start_worker
+from tests.worker.tiny_models import image_bytes, make_tiny_bert, make_tiny_vit, make_tiny_yolos, with_prompts
 from worker.runners import DEFAULT_MODEL_NAME, default_model_path
 from zbatch.testing import start_http
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port, closed: where a client's hub calls would go, and fail
 MODEL = DEFAULT_MODEL_NAME
 RERANK, CLASSIFY, VIT, YOLOS = "tiny-rerank", "tiny-classify", "tiny-vit", "tiny-yolos"
+SPLADE, PROMPTED = "tiny-splade", "tiny-prompts"  # a masked-LM served as sparse-embeddings; a model with prompts
+PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello world", "ZeroMQ sockets carry messages."]
 SAME = 0.99999  # cosine of two answers for the same text
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemons]:
-    """Broker, the two workers and a gateway whose TEI routes use the tiny rerank and classification models."""
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The tiny models, built on disk, by the name they are served as."""
     models = tmp_path_factory.mktemp("models")
-    extra = (f"name={CLASSIFY},path={make_tiny_bert(models, 'text-classification')},task=text-classification;"
-             f"name={VIT},path={make_tiny_vit(models)},task=image-classification;"
-             f"name={YOLOS},path={make_tiny_yolos(models)},task=object-detection")
+    return {RERANK: make_tiny_bert(models, "rerank"), CLASSIFY: make_tiny_bert(models, "text-classification"),
+            VIT: make_tiny_vit(models), YOLOS: make_tiny_yolos(models), SPLADE: make_tiny_bert(models, "fill-mask"),
+            PROMPTED: with_prompts(make_tiny_bert(models, "feature-extraction"), PROMPTS)}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, str]) -> Iterator[Daemons]:
+    """Broker, the two workers and a gateway whose TEI routes use the tiny rerank and classification models."""
+    extra = (f"name={CLASSIFY},path={folders[CLASSIFY]},task=text-classification;"
+             f"name={VIT},path={folders[VIT]},task=image-classification;"
+             f"name={YOLOS},path={folders[YOLOS]},task=object-detection;"
+             f"name={SPLADE},path={folders[SPLADE]},task=sparse-embeddings;"
+             f"name={PROMPTED},path={folders[PROMPTED]},task=embeddings,default_prompt_name=query")
     with Daemons(tmp_path_factory.mktemp("logs")) as daemons:
         broker = daemons.add(start_broker(daemons.log_dir))
         daemons.add(start_worker(broker, daemons.log_dir, "w1", wait=False, workers=1))
-        daemons.add(start_worker(broker, daemons.log_dir, "w2", workers=1, model_path=make_tiny_bert(models, "rerank"),
+        daemons.add(start_worker(broker, daemons.log_dir, "w2", workers=1, model_path=folders[RERANK],
                                  model_name=RERANK, task="rerank", extra_models=extra))
-        daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz", models=(MODEL, RERANK, CLASSIFY, VIT),
-                                  tei_rerank_model=RERANK, tei_predict_model=CLASSIFY))
+        grpc_port = free_port()
+        gateway = daemons.add(start_gateway(broker, daemons.log_dir, ready="/readyz",
+                                            models=(MODEL, RERANK, CLASSIFY, VIT), tei_rerank_model=RERANK,
+                                            tei_predict_model=CLASSIFY, grpc_port=grpc_port))
+        gateway.endpoints["grpc"] = f"127.0.0.1:{grpc_port}"
         yield daemons
 
 
@@ -301,7 +316,12 @@ def test_models_route_takes_images_as_body_or_base64(url: str) -> None:
     assert status == 400 and body["error"]["code"] == "wrong_task"
 
 
-def test_every_dialect_gives_the_same_vector(url: str, reference: np.ndarray) -> None:
+def test_every_dialect_gives_the_same_vector(served: Daemons, url: str, reference: np.ndarray) -> None:
+    """Every route and protocol: Hugging Face, OpenAI (floats and base64), TEI, KServe over HTTP (JSON and
+    binary) and over gRPC."""
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
     text = TEXTS[2]
     _, headers, hf = post(f"{url}/models/{MODEL}", {"inputs": text})
     _, _, openai_float = post(f"{url}/v1/embeddings", {"model": MODEL, "input": text})
@@ -310,7 +330,13 @@ def test_every_dialect_gives_the_same_vector(url: str, reference: np.ndarray) ->
     _, _, kserve = post(f"{url}/v2/models/{MODEL}/infer",
                         {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]})
     decoded = np.frombuffer(base64.b64decode(openai_b64["data"][0]["embedding"]), dtype="<f4")
-    answers = [hf, openai_float["data"][0]["embedding"], decoded, tei[0], kserve["outputs"][0]["data"]]
+    vectors = []
+    for module, client in ((triton_http, triton_http.InferenceServerClient(url.removeprefix("http://"))),
+                           (triton_grpc, triton_grpc.InferenceServerClient(served["gateway"].endpoints["grpc"]))):
+        tensor = module.InferInput("text", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        vectors.append(client.infer(MODEL, [tensor]).as_numpy("embedding")[0])
+    answers = [hf, openai_float["data"][0]["embedding"], decoded, tei[0], kserve["outputs"][0]["data"], *vectors]
     assert all(cosine(answer, reference[2]) >= SAME for answer in answers)
     assert int(headers["X-Tokens"]) == openai_float["usage"]["total_tokens"]
 
@@ -320,8 +346,8 @@ def test_models_listing_says_which_dialects_answer_each_model(url: str) -> None:
     by_name = {model["name"]: model for model in listing["models"]}
     assert by_name[MODEL]["task"] == "embeddings"
     assert "POST /v1/embeddings" in by_name[MODEL]["dialects"]["openai"]
-    assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /similarity", "POST /tokenize",
-                                                 "GET /info", "GET /health"]
+    assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /embed_all", "POST /similarity",
+                                                 "POST /tokenize", "POST /decode", "GET /info", "GET /health"]
     assert by_name[RERANK]["dialects"]["tei"] == ["POST /rerank"]
     assert by_name[CLASSIFY]["dialects"]["tei"] == ["POST /predict"]
     assert "tei" not in by_name[VIT]["dialects"] and "openai" not in by_name[VIT]["dialects"]
@@ -369,6 +395,10 @@ def test_hostile_input_gets_clear_4xx_while_normal_traffic_is_answered(url: str)
         ("/predict", b'{"inputs": [[]]}', json_type, 422),
         ("/similarity", b'{"inputs": {"source_sentence": 1}}', json_type, 422),
         ("/tokenize", b'{"inputs": [null]}', json_type, 422),
+        ("/embed_all", b'{"inputs": [], "prompt_name": 5}', json_type, 422),
+        ("/decode", b'{"ids": [[1, -2]]}', json_type, 422),
+        ("/decode", b'{"ids": [[1, 999999999]]}', json_type, 422),  # outside the vocabulary: the worker says
+        ("/embed", b'{"inputs": ["a"], "prompt_name": "none-such"}', json_type, 422),  # the model has no prompts
         (f"/models/{MODEL}", b'{"inputs": {"source_sentence": "a"}}', json_type, 400),
         (f"/models/{VIT}", b'{"inputs": "garbage!!"}', json_type, 400),
         (f"/models/{VIT}", b"GIF89a and no more", {"Content-Type": "image/gif"}, 400),
@@ -389,3 +419,91 @@ def test_hostile_input_gets_clear_4xx_while_normal_traffic_is_answered(url: str)
         assert b"Traceback" not in body and body[:1] in (b"{", b"["), (path, body)
     corrupt_answer = raw_post(url, f"/v2/models/{VIT}/infer", *corrupt)
     assert b"inputs[1]" in corrupt_answer[1], corrupt_answer
+
+
+# ------------------------------------------------------------------ TEI's prompts, sparse, embed_all, decode (issue 35)
+
+
+@pytest.fixture(scope="module")
+def tei_gateway(served: Daemons) -> str:
+    """A gateway whose TEI model has prompts (a default one on its worker) and whose sparse model is a SPLADE."""
+    broker = served["broker"]
+    return served.add(start_http("gateway", "gateway-tei", served.log_dir, frontend=broker.frontend,
+                                 tei_model=PROMPTED, tei_sparse_model=SPLADE)).url
+
+
+def test_tei_prompts_with_requests(folders: dict[str, str], tei_gateway: str) -> None:
+    import requests
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(folders[PROMPTED], device="cpu", prompts=PROMPTS)
+    named = requests.post(f"{tei_gateway}/embed", json={"inputs": TEXTS, "prompt_name": "passage"}, timeout=30)
+    assert named.status_code == 200, named.text
+    want = reference.encode(TEXTS, prompt_name="passage", normalize_embeddings=True)
+    assert min(cosine(a, b) for a, b in zip(named.json(), want, strict=True)) >= SAME
+    default = requests.post(f"{tei_gateway}/embed", json={"inputs": TEXTS[1]}, timeout=30).json()[0]
+    assert cosine(default, reference.encode(TEXTS[1], prompt_name="query")) >= SAME  # the worker's default
+    tokens = requests.post(f"{tei_gateway}/tokenize", json={"inputs": "hello", "prompt_name": "passage"},
+                           timeout=30).json()[0]
+    assert [t["text"] for t in tokens] == ["[CLS]", "passage", ":", "hello", "[SEP]"]
+    unknown = requests.post(f"{tei_gateway}/embed", json={"inputs": "x", "prompt_name": "nope"}, timeout=30)
+    assert unknown.status_code == 422 and "'passage', 'query'" in unknown.json()["error"]
+    # The same prompt on the other dialects: the same vector.
+    others = [requests.post(f"{tei_gateway}/models/{PROMPTED}", json={"inputs": TEXTS[0], "prompt_name": "passage"},
+                            timeout=30).json(),
+              requests.post(f"{tei_gateway}/v1/embeddings", json={"model": PROMPTED, "input": TEXTS[0],
+                                                                  "prompt_name": "passage"}, timeout=30
+                            ).json()["data"][0]["embedding"],
+              requests.post(f"{tei_gateway}/v2/models/{PROMPTED}/infer", json={
+                  "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXTS[0]]}],
+                  "parameters": {"prompt_name": "passage"}}, timeout=30).json()["outputs"][0]["data"]]
+    assert all(cosine(other, want[0]) >= SAME for other in others)
+
+
+def test_tei_embed_sparse_with_requests_and_kserve(folders: dict[str, str], url: str, tei_gateway: str) -> None:
+    import requests
+    import tritonclient.http as triton
+    from sentence_transformers import SparseEncoder
+
+    dense = SparseEncoder(folders[SPLADE], device="cpu").encode(
+        TEXTS, convert_to_tensor=True).to_dense().numpy()
+    answer = requests.post(f"{tei_gateway}/embed_sparse", json={"inputs": TEXTS}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert int(answer.headers["x-compute-tokens"]) > len(TEXTS)
+    for entries, want in zip(answer.json(), dense, strict=True):
+        assert [e["index"] for e in entries] == np.flatnonzero(want > 0).tolist()
+        np.testing.assert_allclose([e["value"] for e in entries], want[want > 0], rtol=1e-5, atol=1e-6)
+    text = triton.InferInput("text", [len(TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
+    result = triton.InferenceServerClient(tei_gateway.removeprefix("http://")).infer(SPLADE, [text])
+    where, indices, values = (result.as_numpy(n) for n in ("batch_index", "indices", "values"))
+    for row, want in enumerate(dense):
+        assert indices[where == row].tolist() == np.flatnonzero(want > 0).tolist()
+        np.testing.assert_allclose(values[where == row], want[want > 0], rtol=1e-5, atol=1e-6)
+    one = requests.post(f"{tei_gateway}/embed_sparse", json={"inputs": "x"}, timeout=30)
+    assert one.status_code == 200 and len(one.json()) == 1
+    dense_route = requests.post(f"{url}/embed_sparse", json={"inputs": "x"}, timeout=30)
+    assert dense_route.status_code == 424 and "ZBATCH_TEI_SPARSE_MODEL" in dense_route.json()["error"]
+
+
+def test_tei_embed_all_and_decode_on_the_real_model(url: str) -> None:
+    import requests
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(default_model_path(), device="cpu")
+    answer = requests.post(f"{url}/embed_all", json={"inputs": TEXTS}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    for rows, want in zip(answer.json(), reference.encode(TEXTS, output_value="token_embeddings"), strict=True):
+        rows, want = np.asarray(rows), want.numpy()
+        assert rows.shape == want.shape and min(cosine(a, b) for a, b in zip(rows, want, strict=True)) >= SAME
+    ids = [[t["id"] for t in tokens] for tokens in
+           requests.post(f"{url}/tokenize", json={"inputs": TEXTS}, timeout=30).json()]
+    decoded = requests.post(f"{url}/decode", json={"ids": ids}, timeout=30).json()
+    assert decoded == [text.lower() for text in TEXTS]
+    raw = requests.post(f"{url}/decode", json={"ids": ids[1], "skip_special_tokens": False}, timeout=30).json()
+    assert raw == ["[CLS] hello world [SEP]"]
+    beyond = requests.post(f"{url}/decode", json={"ids": [1, 10**6]}, timeout=30)
+    assert beyond.status_code == 422 and "vocabulary" in beyond.json()["error"]
+    too_many = requests.post(f"{url}/embed", json={"inputs": ["a"] * 257}, timeout=30)
+    assert (too_many.status_code, too_many.json()) == (422, {
+        "error": "batch size 257 > maximum allowed batch size 256", "error_type": "Validation"})

@@ -34,6 +34,10 @@ def vectors(inputs: list[Any], parameters: dict[str, Any], operation: str) -> tu
     tokens = [len(str(item).split()) + 2 for item in inputs]
     if operation == "tokenize":
         return [[{"id": 2, "text": "[CLS]", "special": True, "start": None, "stop": None}] for _ in inputs], tokens
+    if operation == "embed_all":
+        return [np.full((count, 2), 0.5, dtype=np.float32) for count in tokens], tokens
+    if operation == "decode":
+        return [" ".join(map(str, ids.tolist())) for ids in inputs], [len(ids) for ids in inputs]
     if inputs and isinstance(inputs[0], list):
         return [0.5 + index / 100 for index in range(len(inputs))], tokens
     return [np.array([0.5, 0.25], dtype=np.float32) for _ in inputs], tokens
@@ -97,3 +101,9 @@ def call(
             return Answer(response.status, dict(response.headers), answer)
 
     return asyncio.run(exchange())
+
+
+def sparse(inputs: list[Any], parameters: dict[str, Any], operation: str) -> tuple[list[Any], list[int] | None]:
+    """A sparse-embeddings model's answer: per input, two vocabulary entries and their weights."""
+    entries = {"indices": np.array([3, 17], dtype=np.int32), "values": np.array([0.5, 1.25], dtype=np.float32)}
+    return [entries for _ in inputs], [len(str(item).split()) + 2 for item in inputs]

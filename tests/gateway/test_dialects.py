@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.dialects.tensors import OutputTensor, encode_answer
-from tests.gateway.inprocess import CONFIG, Answer, StubClient, call
+from gateway.dialects.kserve import encode_answer
+from gateway.tensors import OutputTensor
+from tests.gateway.inprocess import CONFIG, Answer, StubClient, call, sparse, vectors
 from zbatch.client import NoWorker, Overloaded, WorkerError
 
 JSON = {"Content-Type": "application/json"}
@@ -203,7 +204,7 @@ def test_base64_garbage_and_empty_images_are_400() -> None:
 @pytest.mark.parametrize(("path", "body"), [
     ("/embed", b'{"inputs": [[1, 2, 3]]}'), ("/embed", b'{"inputs": ""}'), ("/embed", b'{"normalize": "yes"}'),
     ("/embed", b'{"inputs": "x", "normalize": "yes"}'), ("/embed", b'{"inputs": "x", "dimensions": 0}'),
-    ("/embed", b'{"inputs": "x", "prompt_name": "query"}'),
+    ("/embed", b'{"inputs": "x", "prompt_name": 3}'), ("/embed", b'{"inputs": "x", "prompt_name": ""}'),
     ("/rerank", b'{"query": "q", "texts": []}'), ("/rerank", b'{"query": 1, "texts": ["a"]}'),
     ("/rerank", b'{"query": "q", "texts": ["a"], "return_text": 1}'),
     ("/predict", b'{"inputs": ["a", "b", "c"]}'), ("/predict", b'{"inputs": [["a", "b", "c"]]}'),
@@ -235,3 +236,115 @@ def test_models_route_keeps_its_texts_hot_path_and_reads_feature_extraction_para
     assert stub.calls[0]["parameters"] == {"truncate": True, "normalize": False}
     similar = post(StubClient(), "/models/m", b'{"inputs": {"source_sentence": "a", "sentences": ["b", "c"]}}')
     assert similar.status == 200 and similar.body == pytest.approx([1.0, 1.0])
+
+
+# ------------------------------------------------------------------ TEI's newer routes (issue 35)
+
+
+BATCHES: dict[str, Any] = {  # a TEI route's body with a batch of n
+    "/embed": lambda n: {"inputs": ["a"] * n}, "/embed_all": lambda n: {"inputs": ["a"] * n},
+    "/embed_sparse": lambda n: {"inputs": ["a"] * n}, "/tokenize": lambda n: {"inputs": ["a"] * n},
+    "/rerank": lambda n: {"query": "q", "texts": ["a"] * n}, "/predict": lambda n: {"inputs": [["a"]] * n},
+    # TEI embeds the source with the sentences: a batch of n + 1
+    "/similarity": lambda n: {"inputs": {"source_sentence": "a", "sentences": ["b"] * (n - 1)}},
+    "/decode": lambda n: {"ids": [[1]] * n},
+}
+
+
+@pytest.mark.parametrize("path", BATCHES)
+def test_tei_refuses_a_batch_over_max_client_batch_size_with_teis_422(path: str) -> None:
+    stub = StubClient(answer=sparse if path == "/embed_sparse" else vectors)
+    answer = post(stub, path, json.dumps(BATCHES[path](CONFIG.max_inputs + 1)).encode())
+    assert (answer.status, answer.body) == (422, {"error": "batch size 257 > maximum allowed batch size 256",
+                                                  "error_type": "Validation"})
+    assert not stub.calls
+    assert post(stub, path, json.dumps(BATCHES[path](CONFIG.max_inputs)).encode()).status == 200
+
+
+def test_prompt_name_reaches_the_worker_on_every_route_that_has_one() -> None:
+    stub = StubClient(models=task_models(m="embeddings", **{CONFIG.default_model: "embeddings"}))
+    for path, body in (("/embed", b'{"inputs": "a", "prompt_name": "query"}'),
+                       ("/embed_all", b'{"inputs": "a", "prompt_name": "query"}'),
+                       ("/tokenize", b'{"inputs": "a", "prompt_name": "query"}'),
+                       ("/similarity", b'{"inputs": {"source_sentence": "a", "sentences": ["b"]}, '
+                                       b'"parameters": {"prompt_name": "query"}}'),
+                       ("/models/m", b'{"inputs": "a", "prompt_name": "query"}'),
+                       ("/v1/embeddings", b'{"model": "m", "input": "a", "prompt_name": "query"}'),
+                       ("/v2/models/m/infer", b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
+                                              b'"data": ["a"]}], "parameters": {"prompt_name": "query"}}')):
+        assert post(stub, path, body).status == 200, path
+    assert [call["parameters"].get("prompt_name") for call in stub.calls] == ["query"] * 7
+
+
+def test_embed_sparse_answers_teis_index_value_pairs() -> None:
+    stub = StubClient(answer=sparse, models=task_models(**{CONFIG.default_model: "sparse-embeddings"}))
+    answer = post(stub, "/embed_sparse", b'{"inputs": ["a b", "c"], "truncate": true}')
+    assert answer.status == 200, answer
+    assert answer.body == [[{"index": 3, "value": 0.5}, {"index": 17, "value": 1.25}]] * 2
+    assert answer.headers["x-compute-tokens"] == "7" and stub.calls[0]["parameters"] == {"truncate": True}
+    wrong = post(StubClient(), "/embed", b'{"inputs": "a"}', JSON)
+    assert wrong.status == 200
+    embed = post(stub, "/embed", b'{"inputs": "a"}')
+    assert embed.status == 424 and "ZBATCH_TEI_MODEL" in embed.body["error"]
+    assert "TEI's POST /embed_sparse" in embed.body["error"]
+
+
+def test_kserve_flattens_sparse_embeddings_with_a_batch_index() -> None:
+    stub = StubClient(answer=sparse, models=task_models(m="sparse-embeddings"))
+    answer = post(stub, "/v2/models/m/infer", b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], '
+                                              b'"data": ["a", "b"]}]}')
+    outputs = {output["name"]: output for output in answer.body["outputs"]}
+    assert outputs["indices"]["data"] == [3, 17, 3, 17] and outputs["indices"]["datatype"] == "INT32"
+    assert outputs["values"]["data"] == [0.5, 1.25, 0.5, 1.25] and outputs["batch_index"]["data"] == [0, 0, 1, 1]
+
+
+def test_embed_all_and_decode_ask_for_their_operation() -> None:
+    stub = StubClient()
+    vectors = post(stub, "/embed_all", b'{"inputs": ["a b", "c"]}')
+    assert vectors.status == 200 and [len(rows) for rows in vectors.body] == [4, 3]
+    texts = post(stub, "/decode", b'{"ids": [[101, 7592], [0]], "skip_special_tokens": false}')
+    assert texts.status == 200 and texts.body == ["101 7592", "0"]
+    single = post(stub, "/decode", b'{"ids": [101, 7592]}')
+    assert single.body == ["101 7592"]
+    assert [c["operation"] for c in stub.calls] == ["embed_all", "decode", "decode"]
+    assert stub.calls[1]["parameters"] == {"skip_special_tokens": False}
+
+
+@pytest.mark.parametrize("body", [
+    b'{"ids": []}', b'{"ids": [-1]}', b'{"ids": [4294967296]}', b'{"ids": [1.5]}', b'{"ids": [true]}',
+    b'{"ids": "101"}', b'{"ids": [[1], 2]}', b'{"ids": [[[1]]]}', b'{"ids": [1], "skip_special_tokens": "no"}',
+    b'{}',
+])
+def test_decode_refuses_what_are_not_token_ids(body: bytes) -> None:
+    stub = StubClient()
+    answer = post(stub, "/decode", body)
+    if body == b'{"ids": []}':  # one empty list of ids is a text, ""
+        assert answer.status == 200 and answer.body == [""]
+        return
+    assert answer.status == 422 and answer.body["error_type"] == "Validation", answer
+    assert not stub.calls
+
+
+# ------------------------------------------------------------------ the dialects' declarations
+
+
+def test_the_app_mounts_what_each_dialect_module_declares() -> None:
+    """Each module of gateway/dialects/ is a dialect; the app's routes are theirs and the gateway's own two."""
+    from pathlib import Path
+
+    from aiohttp import web
+
+    from gateway.app import ROUTES, create_app
+    from gateway.dialects import declared, error_shape_of
+
+    folder = Path(__file__).resolve().parents[2] / "gateway" / "dialects"
+    modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    assert {dialect.name for dialect in declared()} == modules
+    declared_routes = [route for dialect in declared() for route in dialect.routes]
+    assert [route for route in ROUTES if route not in declared_routes] == [
+        web.get("/metrics", ROUTES[-2].handler), web.get("/openapi.json", ROUTES[-1].handler)]
+    mounted = {(r.method, r.resource.canonical) for r in create_app(CONFIG).router.routes() if r.resource}
+    assert {(r.method, r.path.replace(":.+", "")) for r in declared_routes if isinstance(r, web.RouteDef)} <= mounted
+    for dialect in declared():
+        for path in dialect.error_paths:
+            assert error_shape_of(path) is dialect.errors

@@ -15,13 +15,12 @@ from aiohttp import web
 from openapi_spec_validator import validate
 
 from gateway.app import ROUTES, create_app
-from gateway.dialects import dialect_of
-from gateway.dialects.tensors import HEADER_LENGTH
-from gateway.errors import ERRORS
+from gateway.dialects import error_shape_of
+from gateway.dialects.kserve import HEADER_LENGTH
+from gateway.errors import ERRORS, ErrorCode
 from gateway.openapi import DOCUMENT
-from gateway.openapi_parts import status_in
 from gateway.parsing import PRIORITIES, PRIORITY_HEADER
-from tests.gateway.inprocess import CONFIG, StubClient, call
+from tests.gateway.inprocess import CONFIG, StubClient, call, sparse
 
 JSON = "application/json"
 INFERENCE = {"/": (b"hello", "text/plain"),
@@ -32,11 +31,24 @@ INFERENCE = {"/": (b"hello", "text/plain"),
              "/predict": (b'{"inputs": "hello"}', JSON),
              "/similarity": (b'{"inputs": {"source_sentence": "a", "sentences": ["b"]}}', JSON),
              "/tokenize": (b'{"inputs": "hello"}', JSON),
+             "/embed_all": (b'{"inputs": "hello"}', JSON),
+             "/embed_sparse": (b'{"inputs": "hello"}', JSON),
+             "/decode": (b'{"ids": [1, 2]}', JSON),
              "/v2/models/{model}/infer": (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
                                           b'"data": ["hello"]}]}', JSON)}
 # Standard headers documented otherwise (the security scheme, the request body's media types,
 # the media types of /metrics's answer) or that aiohttp answers itself (100-continue).
 DOCUMENTED_ELSEWHERE = {"authorization", "content-type", "accept", "expect"}
+
+
+def stub_for(path: str) -> StubClient:
+    """A broker stand-in whose answers the route can read."""
+    return StubClient(answer=sparse) if path == "/embed_sparse" else StubClient()
+
+
+def status_in(error: ErrorCode, path: str) -> int:
+    """The status ``error`` is answered with on ``path``, in its dialect."""
+    return error_shape_of(path.replace("{model}", "m")).status(error)
 
 
 def operations() -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -73,7 +85,7 @@ def test_an_inference_route_documents_every_error_of_an_operation(path: str) -> 
     responses = DOCUMENT["paths"][path]["post"]["responses"]
     for error in ERRORS.values():
         if error.per_operation:
-            response = responses[str(status_in(error, dialect_of(path)))]
+            response = responses[str(status_in(error, path))]
             assert f"`{error.code}`" in response["description"], (path, error.code)
             assert set(error.headers) <= set(response["headers"]), (path, error.code)
 
@@ -84,7 +96,7 @@ def test_each_error_response_names_codes_of_its_status_only() -> None:
             if status != "200":
                 codes = re.findall(r"`(\w+)`", response["description"])
                 assert codes, (method, path, status)
-                statuses = {str(status_in(ERRORS[code], dialect_of(path))) for code in codes}
+                statuses = {str(status_in(ERRORS[code], path)) for code in codes}
                 assert statuses == {status}, (method, path, status)
 
 
@@ -94,7 +106,7 @@ def test_the_priority_header_is_documented_with_every_value_it_takes(path: str) 
     assert documented["schema"]["enum"] == list(PRIORITIES)
     body, media = INFERENCE[path]
     for value in documented["schema"]["enum"]:
-        stub = StubClient()
+        stub = stub_for(path)
         answer = call(stub, "POST", path.replace("{model}", "m"), body=body,
                       headers={"Content-Type": media, PRIORITY_HEADER: value})
         assert answer.status == 200, answer
@@ -128,7 +140,7 @@ def read_headers(monkeypatch: pytest.MonkeyPatch, method: str, path: str, header
 
     monkeypatch.setattr(web.BaseRequest, "headers",
                         property(lambda request: Recording(original.__get__(request, type(request)))))
-    answer = call(StubClient(), method, path, body=body, headers=headers)
+    answer = call(stub_for(path), method, path, body=body, headers=headers)
     monkeypatch.undo()
     assert answer.status == 200, answer
     return read

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from broker.core import BrokerCore, CoreSettings
-from gateway.handlers import worker_count
+from gateway.catalog import worker_count
+from gateway.config import GatewayConfig
 from gateway.responses import jsonable, models_listing
 from zbatch.protocol import wire
 
@@ -57,13 +58,16 @@ def test_worker_count_reads_the_models_figures() -> None:
 
 
 def test_models_listing_groups_workers_by_model() -> None:
-    listing = models_listing(STATS, {"/embed": "echo"})["models"]
+    listing = models_listing(STATS, GatewayConfig(tei_model="echo", tei_rerank_model="other",
+                                                  tei_predict_model="other"))["models"]
     assert [m["name"] for m in listing] == ["echo", "idle"]
     assert [w["name"] for w in listing[0]["workers"]] == ["w1"]
     assert listing[0]["task"] == "embeddings"
     assert listing[0]["dialects"] == {
         "huggingface": ["POST /models/echo", "POST /models/echo (sentence-similarity)"],
-        "kserve": ["POST /v2/models/echo/infer"], "openai": ["POST /v1/embeddings"], "tei": ["POST /embed"]}
+        "kserve": ["POST /v2/models/echo/infer"], "openai": ["POST /v1/embeddings"],
+        "tei": ["POST /embed", "POST /embed_all", "POST /similarity", "POST /tokenize", "POST /decode", "GET /info",
+                "GET /health"]}
     assert listing[1] == {"name": "idle", "task": None, "workers": [], "stats": STATS["models"]["idle"],
                           "dialects": {"huggingface": ["POST /models/idle"],
                                        "kserve": ["POST /v2/models/idle/infer"]}}

@@ -26,6 +26,13 @@ def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
     assert (slots["mlm"].spec.path, slots["mlm"].max_batch_size, slots["mlm"].spec.device) == ("/m/mlm", 16, "auto")
 
 
+def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() -> None:
+    config = load_config(["--extra-models", "name=a,path=/m/a;name=b,path=/m/b,default_prompt_name=passage"],
+                         {"ZBATCH_DEFAULT_PROMPT_NAME": "query"})
+    slots = model_slots(config)
+    assert [slot.spec.default_prompt_name for slot in slots.values()] == ["query", "", "passage"]
+
+
 @pytest.mark.parametrize(
     ("extra", "complaint"),
     [

@@ -100,8 +100,9 @@ def test_dimensions_are_the_first_numbers_renormalised(embedder: EmbeddingRunner
     ({"dimensions": 2.5}, "from 1 to 32"),
     ({"truncate": "no"}, "'truncate' must be true or false"),
     ({"truncation_direction": "middle"}, "'right' or 'left'"),
-    ({"prompt_name": "query"}, "unknown parameter(s) 'prompt_name' for embeddings; use only 'dimensions', "
-                               "'normalize', 'truncate', 'truncation_direction'"),
+    ({"prompt_name": "query"}, "'prompt_name' must name a prompt of this model, not 'query': it has none"),
+    ({"top_k": 3}, "unknown parameter(s) 'top_k' for embeddings; use only 'dimensions', 'normalize', "
+                   "'prompt_name', 'truncate', 'truncation_direction'"),
 ])
 def test_bad_parameters_refuse_the_batch(embedder: EmbeddingRunner, parameters: dict[str, Any],
                                          complaint: str) -> None:

@@ -178,3 +178,13 @@ def image_bytes(width: int, height: int, seed: int = 0, image_format: str = "PNG
     encoded = io.BytesIO()
     Image.fromarray(pixels).save(encoded, format=image_format)
     return encoded.getvalue()
+
+
+def with_prompts(folder: str, prompts: dict[str, str], default: str | None = None) -> str:
+    """Give the model in ``folder`` prompts, as sentence-transformers saves them in
+    ``config_sentence_transformers.json``; returns the folder."""
+    import json
+
+    config = {"prompts": prompts, "default_prompt_name": default, "similarity_fn_name": "cosine"}
+    (Path(folder) / "config_sentence_transformers.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder

@@ -16,17 +16,19 @@ from worker.runners.classify import SequenceClassifier
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.images import ImageRunner
 from worker.runners.pipeline import PipelineRunner
+from worker.runners.sparse import SparseEmbeddingRunner
 from worker.runners.spec import (
     CLASSIFICATION_TASKS,
     CUSTOM_TASK_PREFIX,
     EMBEDDINGS_TASK,
     IMAGE_TASKS,
     RERANK_TASK,
-    TOKENIZE,
+    SPARSE_EMBEDDINGS_TASK,
     InputError,
     ModelDetails,
     ModelSpec,
 )
+from zbatch.protocol.vocabulary import DECODE, RUN, TOKENIZE
 
 Operation = Callable[[list[Any], dict[str, Any]], list[Any]]
 
@@ -46,10 +48,10 @@ class Runner(Protocol):
     batch took at calibration on the full thread count (0 when unknown).
 
     A runner MAY also have ``details`` (:class:`~worker.runners.spec.ModelDetails`,
-    for READY) and a ``tokenize(inputs, parameters)`` method for the
-    ``tokenize`` operation, whose outputs are the tokens of each input
-    (PROTOCOL.md section 5) and which never calls the model; :func:`details_of`
-    and :func:`operation_of` read them, so a runner without them still serves.
+    for READY) and a method named after each other operation it answers,
+    ``tokenize(inputs, parameters)``, ``decode`` or ``embed_all`` (PROTOCOL.md
+    section 5.3); :func:`details_of` and :func:`operation_of` read them, so a
+    runner without them still serves and refuses those operations.
     """
 
     spec: ModelSpec
@@ -94,13 +96,16 @@ def staged(runner: Runner) -> StagedRunner[Any, Any] | None:
 
 
 def operation_of(runner: Runner, operation: str) -> Operation:
-    """The runner's method for a request's ``operation``; one that refuses every batch if it has none."""
-    if operation != TOKENIZE:
+    """The runner's method for a request's ``operation`` (its name); one that refuses every batch if it has none."""
+    if operation == RUN:
         return runner.run
-    tokenize: Operation | None = getattr(runner, "tokenize", None)
-    if tokenize is not None:
-        return tokenize
-    message = f"model {runner.spec.name!r} has no tokenizer; the 'tokenize' operation works on text models"
+    method: Operation | None = getattr(runner, operation, None)
+    if method is not None:
+        return method
+    message = (f"model {runner.spec.name!r} has no tokenizer; the {operation!r} operation works on text models"
+               if operation in (TOKENIZE, DECODE) else
+               f"model {runner.spec.name!r} is a {runner.spec.task} model; the {operation!r} operation works on "
+               "embeddings models")
 
     def refuse(inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         raise InputError(message)
@@ -121,6 +126,8 @@ def runner_class(task: str) -> Any:
     """
     if task == EMBEDDINGS_TASK:
         return EmbeddingRunner
+    if task == SPARSE_EMBEDDINGS_TASK:
+        return SparseEmbeddingRunner
     if task == RERANK_TASK or task in CLASSIFICATION_TASKS:
         return SequenceClassifier
     if task in IMAGE_TASKS:

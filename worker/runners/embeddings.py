@@ -10,8 +10,10 @@ either way.
 
 Parameters: ``normalize`` (default true: unit length), ``dimensions`` (keep
 the first N numbers, re-normalised when ``normalize``: what
-Matryoshka-trained models are made for), and truncation
-(:mod:`worker.runners.text`).
+Matryoshka-trained models are made for), truncation
+(:mod:`worker.runners.text`) and ``prompt_name`` (:mod:`worker.runners.prompts`).
+The ``embed_all`` operation answers each token's vector instead
+(:mod:`worker.runners.operations`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.runners.graphs import GraphedPooling, graphable
+from worker.runners.operations import token_rows, unpooled
 from worker.runners.packing import packer_for
-from worker.runners.spec import InputError, ModelSpec
-from worker.runners.text import TextRunner, flag, model_max_length
+from worker.runners.spec import InputError, ModelSpec, Outputs
+from worker.runners.text import TRUNCATION_PARAMETERS, TextRunner, check_parameters, flag, model_max_length
+from zbatch.protocol.vocabulary import EMBED_ALL, PROMPT_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +46,7 @@ class EmbeddingRunner(TextRunner):
     """Mean pooling over the attention mask, then L2 norm, like sentence-transformers."""
 
     parameters = frozenset({"normalize", "dimensions"})
+    takes_prompts = True
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -60,6 +65,26 @@ class EmbeddingRunner(TextRunner):
         super().warm_up()
         if self._graphs is not None and self.buckets is not None:
             self._graphs.capture(self.buckets.shapes())
+
+    def embed_all(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        """Each input's token vectors, unpooled and not normalized (``embed_all``, worker.runners.operations)."""
+        import torch
+
+        self.modelled_seconds = 0.0
+        check_parameters(parameters, TRUNCATION_PARAMETERS | {PROMPT_NAME}, f"'{EMBED_ALL}'")
+        planned = self.plan(self.encode(inputs, parameters), {})
+
+        def forward(arrays: dict[str, np.ndarray], packed: bool) -> list[np.ndarray]:
+            encoded = {key: torch.from_numpy(array).to(self.device) for key, array in arrays.items()}
+            with torch.inference_mode():
+                if packed:
+                    assert self._packer is not None
+                    lengths = encoded["lengths"].tolist()
+                    hidden = self._packer(encoded["input_ids"], encoded.get("token_type_ids"), lengths).float()
+                    return [rows.cpu().numpy() for rows in torch.split(hidden, lengths)]
+                return token_rows(self._model(**encoded).last_hidden_state, arrays["attention_mask"])
+
+        return unpooled(planned, forward)
 
     def _options(self, parameters: dict[str, Any]) -> EmbeddingOptions:
         dimensions = parameters.get("dimensions")

@@ -15,16 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from zbatch.protocol import vocabulary
+from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
+from zbatch.protocol.vocabulary import DECODE as DECODE
+from zbatch.protocol.vocabulary import EMBED_ALL as EMBED_ALL
+from zbatch.protocol.vocabulary import IMAGE_TASKS as IMAGE_TASKS
+from zbatch.protocol.vocabulary import RUN as RUN
+from zbatch.protocol.vocabulary import TOKENIZE as TOKENIZE
 from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-EMBEDDINGS_TASK = "embeddings"
-RERANK_TASK = "rerank"
-CLASSIFICATION_TASKS = frozenset({"text-classification", "sentiment-analysis"})  # the second: its old alias
-IMAGE_TASKS = ("image-classification", "object-detection")
-CUSTOM_TASK_PREFIX = "python:"
-RUN, TOKENIZE = "run", "tokenize"  # a request's operations: run the model, or only its tokenizer
-OPERATIONS = (RUN, TOKENIZE)
+# The task and operation names are the protocol's (zbatch/protocol/vocabulary.py), under the worker's names.
+EMBEDDINGS_TASK = vocabulary.EMBEDDINGS
+SPARSE_EMBEDDINGS_TASK = vocabulary.SPARSE_EMBEDDINGS
+RERANK_TASK = vocabulary.RERANK
+CLASSIFICATION_TASKS = vocabulary.CLASSIFICATION
 RUNTIMES = ("auto", "torch", "onnx")  # what runs a text model: ONNX Runtime where it validates (auto), or one
 QUANTIZE = ("none", "int8")  # int8: ONNX Runtime's dynamic quantization, where it still validates
 
@@ -55,6 +62,7 @@ class ModelSpec:
     runtime: str = "torch"
     quantize: str = "none"
     onnx_cache: str = ""
+    default_prompt_name: str = ""  # the prompt put before a text that names none (worker.runners.prompts)
 
 
 def default_model_path() -> str:
@@ -106,6 +114,7 @@ class InputKind(enum.Enum):
     PAIR = "[query, text] pairs: arrays of two strings"
     TEXT_OR_PAIR = "strings, or [text, text_pair] arrays of two strings"
     IMAGE = "images: the bytes of an image file (msgpack bin), such as a JPEG or a PNG"
+    IDS = "token ids: one-dimensional arrays of whole numbers (ext-1 integer arrays)"
     ANY = "any inputs"
 
     def accepts(self, value: Any) -> bool:
@@ -117,6 +126,8 @@ class InputKind(enum.Enum):
             return isinstance(value, str) or is_pair(value)
         if self is InputKind.IMAGE:
             return isinstance(value, bytes)
+        if self is InputKind.IDS:
+            return isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in ("i", "u")
         return True
 
 
@@ -126,7 +137,9 @@ def is_pair(value: Any) -> bool:
 
 def input_kind(task: str, operation: str = RUN) -> InputKind:
     """What the inputs of ``task`` must be (a runner of your own checks its own)."""
-    if operation == TOKENIZE:
+    if operation == DECODE:
+        return InputKind.IDS
+    if operation in (TOKENIZE, EMBED_ALL):
         return InputKind.TEXT
     if task == RERANK_TASK:
         return InputKind.PAIR
@@ -142,8 +155,8 @@ def check_request(task: str, operation: str, inputs: list[Any]) -> None:
 
     The worker calls this as a request arrives, so the index is the request's own.
     """
-    if operation == TOKENIZE and task in IMAGE_TASKS:
-        raise InputError(f"{task} models have no tokenizer; the 'tokenize' operation works on text models")
+    if operation != RUN and task in IMAGE_TASKS:
+        raise InputError(f"{task} models have no tokenizer; the {operation!r} operation works on text models")
     check_inputs(inputs, input_kind(task, operation), task if operation == RUN else f"'{operation}'")
 
 

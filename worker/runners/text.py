@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.operations import decode_ids
 from worker.runners.packing import PackedBert
+from worker.runners.prompts import Prompts, prompted
 from worker.runners.shapes import Buckets
 from worker.runners.spec import (
     InputError,
@@ -57,6 +59,7 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
+from zbatch.protocol.vocabulary import PROMPT_NAME
 
 log = logging.getLogger("zbatch.worker")
 TRUNCATION_PARAMETERS = frozenset({"truncate", "truncation_direction"})
@@ -183,6 +186,7 @@ class TextRunner:
     kind = InputKind.TEXT
     parameters: frozenset[str] = frozenset()
     warm_up_input: Any = "warm-up"
+    takes_prompts = False  # a prompt of the model's may go before each text (worker.runners.prompts)
 
     def __init__(self, spec: ModelSpec, device: str, tokenizer: Any, model: Any, max_length: int) -> None:
         self.spec = spec
@@ -194,6 +198,7 @@ class TextRunner:
         self._tokenizer = tokenizer  # its settings (padding side, pad tokens) are read by every thread
         self._own_tokenizers = threading.local()
         self._model = model
+        self.prompts = prompts_of(spec, self.takes_prompts)
         self._length_grouping = True
         self._packer: PackedBert | None = None  # set by a subclass that can run packed groups
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
@@ -228,8 +233,18 @@ class TextRunner:
         self.cost_model = calibrate(self._seconds_for)
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        """Each text's tokens (``tokenize``), its prompt's included where the runner takes prompts."""
         self.modelled_seconds = 0.0
-        return tokenize_texts(self._own_tokenizer(), inputs, parameters)
+        if not self.takes_prompts:
+            return tokenize_texts(self._own_tokenizer(), inputs, parameters)
+        check_inputs(inputs, InputKind.TEXT, "'tokenize'")
+        rest = {name: value for name, value in parameters.items() if name != PROMPT_NAME}
+        return tokenize_texts(self._own_tokenizer(), prompted(self.prompts.prefix(parameters), inputs), rest)
+
+    def decode(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        """Each input's token ids as text (``decode``, worker.runners.operations)."""
+        self.modelled_seconds = 0.0
+        return decode_ids(self._own_tokenizer(), inputs, parameters)
 
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         """One output per input, in input order, with the tokens each took (refused inputs: an InputError)."""
@@ -240,11 +255,13 @@ class TextRunner:
         """Each input tokenized for the model, or the InputError that refuses it alone; InputError for a bad
         batch.  The tokenizer only, never torch: any thread may call it."""
         check_inputs(inputs, self.kind, self.spec.task)
-        check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS, self.spec.task)
+        check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters,
+                         self.spec.task)
         truncation = truncation_of(parameters)
         self._options(parameters)
+        texts = prompted(self.prompts.prefix(parameters), inputs) if self.takes_prompts else inputs
         results: list[Encoding | InputError] = []
-        for encoding in self._tokenized(_texts(inputs), truncation):
+        for encoding in self._tokenized(_texts(texts), truncation):
             if encoding.length > self.max_length:  # only untruncated
                 results.append(InputError(
                     f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
@@ -309,6 +326,10 @@ class TextRunner:
             for index, output in zip(group, forward(encoded, planned.options)[:len(group)], strict=True):
                 outputs[index] = output  # a bucket's filler rows come last: their outputs are dropped
         return Outputs(outputs, list(planned.tokens))
+
+    @property
+    def _prompt_parameters(self) -> frozenset[str]:
+        return frozenset({PROMPT_NAME}) if self.takes_prompts else frozenset()
 
     def _own_tokenizer(self) -> Any:
         """This thread's copy of the tokenizer.  A call sets the tokenizer's truncation (shared state), so
@@ -379,6 +400,15 @@ class TextRunner:
             else:
                 self._model(**batch)[0].float().sum().item()  # .item() waits for a GPU to finish
         return time.perf_counter() - started
+
+
+def prompts_of(spec: ModelSpec, takes_prompts: bool) -> Prompts:
+    """The model's prompts, for a runner that takes them; a default prompt for one that does not is an error."""
+    if takes_prompts:
+        return Prompts.load(spec.path, spec.default_prompt_name)
+    if spec.default_prompt_name:
+        raise ValueError(f"model {spec.name!r}: a default prompt name is for embeddings models, not {spec.task}")
+    return Prompts()
 
 
 def pad_rows(encodings: Sequence[Encoding], length: int, pads: dict[str, int], left: bool) -> dict[str, np.ndarray]:
