@@ -8,6 +8,7 @@ predicts it would not be answered within its own deadline (or within the
 model's ``max_queue_ms``, if set)::
 
     predicted wait = (items ahead of it + its own items) / the model's service rate + lateness
+    allowed        = min(its deadline x (1 - deadline_headroom), max_queue_ms if set)
 
 * *Items ahead* are the items on the model's workers and those waiting at
   the request's priority or higher (:meth:`ModelState.ahead_of`): a
@@ -18,6 +19,12 @@ model's ``max_queue_ms``, if set)::
   their batch times (:mod:`broker.rates`).
 * *Lateness* is how much later than that the model's answers have come
   lately (:class:`broker.rates.Lateness`): what busy time does not see.
+* The *headroom* is the share of its deadline a request is not admitted
+  into: a pace that drops after admission (a host whose other processes
+  take the cores, a new load's own cost) neither the rate nor the lateness
+  can foresee, and without it the requests admitted last answer late.
+  Keeping it free costs no throughput: the workers stay busy as long as
+  anything waits.
 * A refusal is ``overloaded`` with ``retry_after_ms``: how long the items
   ahead take, at that rate, to drain enough for this request to fit.
 * A model with nothing ahead admits any request: a wait that is only the
@@ -107,7 +114,7 @@ def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserv
 
 
 def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits, reserve: float,
-             now: float) -> Refusal | None:
+             headroom: float, now: float) -> Refusal | None:
     """The time rule (see the module's docstring); with no rate measured yet, the cold count."""
     ahead = model.ahead_of(request.priority)
     if not ahead:
@@ -121,19 +128,21 @@ def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: Model
                           f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
                           "items waiting; retry later")
     wait_s = (ahead + request.items) / rate + model.lateness.now(now)  # ModelState.predicted_wait_s, inlined
-    allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve)
+    allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve, headroom)
     if wait_s <= allowed_s:
         return None
-    bound = "its deadline" if allowed_s * 1000 >= timeout_ms else "the longest wait allowed"
+    queue_binds = 0 < limits.max_queue_ms < timeout_ms * (1 - headroom)
+    bound = "the longest wait allowed" if queue_binds else "the share of its deadline a wait may fill"
     return overloaded(f"model {request.model!r} would answer this request in about {wait_s:.2f} s "
                       f"({ahead} items ahead of it at {rate:.0f} items/s), past {bound} ({allowed_s:.2f} s "
                       f"at priority {request.priority}); retry later", retry_after(wait_s - allowed_s))
 
 
-def allowed_wait_s(priority: int, timeout_ms: int, limits: ModelLimits, reserve: float) -> float:
-    """The longest predicted wait a request may be admitted with: its deadline or ``max_queue_ms``,
-    whichever is shorter, less the priority reserve for low priority."""
-    bound_ms = min(timeout_ms, limits.max_queue_ms) if limits.max_queue_ms else timeout_ms
+def allowed_wait_s(priority: int, timeout_ms: int, limits: ModelLimits, reserve: float, headroom: float) -> float:
+    """The longest predicted wait a request may be admitted with: its deadline less the headroom, or
+    ``max_queue_ms``, whichever is shorter; less the priority reserve for low priority."""
+    bound_ms = timeout_ms * (1 - headroom)
+    bound_ms = min(bound_ms, limits.max_queue_ms) if limits.max_queue_ms else bound_ms
     return bound_ms / 1000 * (1 - reserve if priority == LOW_PRIORITY else 1)
 
 

@@ -43,6 +43,11 @@ class BrokerConfig:
         "may use that share more of the counts",
         minimum=0, check=lambda v: None if v < 1 else "must be below 1 (low priority needs some room)",
     )
+    deadline_headroom: float = option(
+        0.2, "share of each request's deadline that admission keeps free: a predicted wait past the rest is "
+        "refused (503), so a pace that drops after admission still answers in time; costs no throughput",
+        minimum=0, check=lambda v: None if v < 1 else "must be below 1 (a request needs some of its deadline)",
+    )
     timeout_ms: int = option(30_000, "deadline of a request that does not set one", minimum=1)
     max_timeout_ms: int = option(60_000, "longest deadline a client may ask for", minimum=1)
     no_worker_grace_ms: int = option(
@@ -93,7 +98,8 @@ class BrokerConfig:
         return CoreSettings(
             max_backlog=self.max_backlog, max_backlog_bytes=self.max_backlog_bytes,
             max_queue_ms=self.max_queue_ms, cold_backlog=self.cold_backlog,
-            priority_reserve=self.priority_reserve, timeout_ms=self.timeout_ms,
+            priority_reserve=self.priority_reserve, deadline_headroom=self.deadline_headroom,
+            timeout_ms=self.timeout_ms,
             max_timeout_ms=self.max_timeout_ms, no_worker_grace_ms=self.no_worker_grace_ms,
             heartbeat_ms=self.heartbeat_ms, heartbeat_liveness=self.heartbeat_liveness,
             max_retries=self.max_retries, max_message_bytes=self.max_message_bytes,

@@ -119,6 +119,7 @@ class CoreSettings:
     max_queue_ms: int = 0
     cold_backlog: int = 512
     priority_reserve: float = 0.25
+    deadline_headroom: float = 0.2
     timeout_ms: int = 30_000
     max_timeout_ms: int = 60_000
     no_worker_grace_ms: int = 2_000
@@ -345,7 +346,8 @@ class BrokerCore:
             return None
         if (refusal := admission.memory_full(request, model, limits, reserve)) is not None:
             return refusal
-        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve, now)
+        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve,
+                                  self.config.deadline_headroom, now)
 
     def _timeout_ms(self, request: Request) -> int:
         """The request's deadline from now: its own, or the model's default, at most the model's longest."""

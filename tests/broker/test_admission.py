@@ -44,8 +44,9 @@ def measured(core: BrokerCore, worker: bytes, items_per_s: float, *, items: int 
 
 
 def core_at(clock: FakeClock, rate: float = 100.0, capacity: int = 10, **settings: Any) -> BrokerCore:
-    """One worker of ``capacity`` items measured at ``rate`` items/s, deadlines of 1 s, memory bounds out of the way."""
-    core = make_core(clock, max_backlog=100_000, **settings)
+    """One worker of ``capacity`` items measured at ``rate`` items/s, deadlines of 1 s, memory bounds out of the way,
+    and no headroom unless asked for: the rule's own arithmetic."""
+    core = make_core(clock, max_backlog=100_000, **({"deadline_headroom": 0.0} | settings))
     ready(core, b"W1", capacity=capacity)
     measured(core, b"W1", rate)
     return core
@@ -67,6 +68,19 @@ def test_a_request_is_refused_only_when_its_predicted_wait_passes_its_deadline(c
     [refused] = client_replies(take(core))
     assert refused.status is Status.OVERLOADED and refused.retry_after_ms == 100
     assert "1.10 s" in refused.message and "100 items ahead" in refused.message
+
+
+def test_the_headroom_keeps_a_share_of_every_deadline_free(clock: FakeClock) -> None:
+    """With 0.2 of a 1 s deadline kept free, 0.8 s of predicted wait is the most admitted, at every deadline."""
+    core = core_at(clock, deadline_headroom=0.2)
+    assert fill(core, 7) == []  # 10 in flight, 60 waiting
+    send(core, b"fits", items=10)  # (70 + 10) / 100 = 0.8 s
+    assert client_replies(take(core)) == []
+    send(core, b"late", items=10)  # 0.9 s: within the deadline, not within its admitted share
+    send(core, b"patient", items=10, timeout_ms=2_000)  # 0.9 s <= 1.6 s
+    [refused] = client_replies(take(core))
+    assert (refused.request_id, refused.retry_after_ms) == (b"late", 100)
+    assert "0.80 s" in refused.message and "share of its deadline" in refused.message
 
 
 def test_the_deadline_is_the_requests_own(clock: FakeClock) -> None:

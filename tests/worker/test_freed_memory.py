@@ -2,6 +2,7 @@
 
 Real workers with the default model run the same batch of 32 long texts over and over; the kernel's count of
 the worker's minor page faults shows whether each batch's activations came back from the system again.
+The workers run torch: ONNX Runtime (``--runtime auto`` on the CPU) keeps its own arena whatever glibc does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def faults_per_batch(log_dir: Path, freed_memory: str) -> float:
     (log_dir / freed_memory).mkdir()
     with Daemons(log_dir / freed_memory) as daemons:
         broker = daemons.add(start_broker(daemons.log_dir))
-        worker = daemons.add(start_worker(broker, daemons.log_dir, "w", workers=1, freed_memory=freed_memory))
+        worker = daemons.add(start_worker(broker, daemons.log_dir, "w", workers=1, freed_memory=freed_memory,
+                                                  runtime="torch"))
         with Client(broker.frontend) as client:
             client.infer(DEFAULT_MODEL_NAME, LONG_TEXTS)  # warm: the first batch of this size faults in either way
             before = minor_faults(worker.process.pid)
