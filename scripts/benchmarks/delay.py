@@ -35,7 +35,7 @@ from typing import Any
 from scripts.benchmarks import batches, calls, load, procs
 from scripts.benchmarks.texts import shuffled
 from worker.runners.grouping import NEVER_SPLIT
-from worker.runners.spec import DEFAULT_MODEL_NAME, ModelSpec, default_model_path
+from worker.runners.spec import DEFAULT_MODEL_NAME, default_model_path
 from worker.runners.text import TextRunner
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
@@ -92,7 +92,7 @@ class TokenizingSleepRunner(TextRunner):
         batch_ms, item_ms = os.environ.get(COST_ENV, f"{BATCH_MS},{ITEM_MS}").split(",")
         tokenizer = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
         model = _Sleeping(float(batch_ms) / 1000, float(item_ms) / 1000)
-        super().__init__(ModelSpec(spec.name, spec.path, spec.task), "cpu", tokenizer, model, 256)
+        super().__init__(spec, "cpu", tokenizer, model, 256)
         self.cost_model = NEVER_SPLIT
 
     def warm_up(self) -> None:

@@ -1,7 +1,7 @@
 """The opt-in compiled hot path: a build is used only when it matches the sources and the interpreter.
 
 The last test runs only in scripts/test's second pass, which compiles the modules with
-scripts/compile-native and sets ZBATCH_NATIVE_DIR for the whole of tests/broker and tests/zbatch.
+scripts/compile-native and sets ZBATCH_NATIVE_DIR for tests/broker and the protocol tests of tests/zbatch.
 """
 
 from __future__ import annotations

@@ -162,3 +162,16 @@ def test_the_default_batch_size_follows_the_device() -> None:
     runner = load_runner(ModelSpec("minilm", default_model_path()))
     assert runner.spec.max_batch_size == 32  # resolved at load from 0, the setting's default
     assert load_runner(ModelSpec("minilm", default_model_path(), max_batch_size=7)).spec.max_batch_size == 7
+
+
+class OwnSpecRunner(EmbeddingRunner):
+    """A custom runner (``python:`` task) that builds a spec of its own, without the batch size."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(ModelSpec(spec.name, spec.path), device, dtype)
+
+
+def test_a_custom_runner_with_a_spec_of_its_own_still_gets_the_resolved_batch_size() -> None:
+    """Else the worker would announce batches of 0, which the broker refuses, and never register."""
+    runner = load_runner(ModelSpec("own", default_model_path(), task=f"python:{__name__}:OwnSpecRunner"))
+    assert type(runner) is OwnSpecRunner and runner.spec.max_batch_size == 32

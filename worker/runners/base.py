@@ -159,5 +159,7 @@ def load_runner(spec: ModelSpec) -> Runner:
                     "run slower than float32; measure it, or give this model dtype float32", spec.name)
     runtime.check_settings(spec)
     runner: Runner = runtime.choose(spec, device, runner_class(spec.task)(spec, device, dtype))
+    if runner.spec.max_batch_size < 1:  # a custom runner that built a spec of its own: 0 would announce no batch
+        runner.spec = dataclasses.replace(runner.spec, max_batch_size=spec.max_batch_size)
     runner.warm_up()
     return runner
