@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,18 @@ import pytest
 
 from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wait_for_worker
 from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.testing import START_CACHE_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One start cache for the whole run, in-process loads and daemons alike (:data:`START_CACHE_ENV`): the first
+    start of a model exports, validates and calibrates it, and every later one reads what it kept.  A developer's
+    own ``ZBATCH_ONNX_CACHE`` wins, to keep it across runs.  A test of a cold start names a folder of its own."""
+    chosen = os.environ.get(START_CACHE_ENV) or str(tmp_path_factory.mktemp("start-cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(START_CACHE_ENV, chosen)
+        yield Path(chosen)
 
 
 @pytest.fixture(scope="session")

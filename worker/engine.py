@@ -39,7 +39,7 @@ from typing import Any
 
 from worker.assembler import Counted, ItemFailure
 from worker.cores import CoreLedger, host_cores, open_ledger, openmp_idle_spin
-from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of
+from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of, phases
 from worker.runners.base import Operation, StagedRunner, staged
 from worker.runners.device import resolve_device
 from worker.stages import BatchWork, PrepPool, Settled, settle
@@ -176,8 +176,12 @@ class InferenceThread:
 
     def _serve(self) -> None:
         try:
-            self._open_ledger()
-            runners = self._load()
+            with phases.recording() as first:
+                with phases.phase("imports"):  # what every model needs; torch's own import dominates
+                    import torch  # noqa: F401
+                    import transformers  # noqa: F401
+                self._open_ledger()
+            runners = self._load(first)
         except BaseException as exc:  # report load failures to the loop, which exits with a message
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
@@ -257,7 +261,8 @@ class InferenceThread:
                 log.info("torch threads back to %d: the cores are free again", governor.current)
         return governor.threads
 
-    def _load(self) -> dict[str, Runner]:
+    def _load(self, times: phases.StartPhases) -> dict[str, Runner]:
+        """Load every model; each one's log line says where its start went (the first's includes the imports)."""
         import torch
         import transformers
 
@@ -265,21 +270,29 @@ class InferenceThread:
         torch.set_num_threads(self.torch_threads)
         runners = {}
         for spec in self.specs:
-            started = time.perf_counter()
-            # Warm-up calibrates the model on every thread: with every core, or its timings are wrong.
-            if self.ledger is not None:
-                self.ledger.acquire(self.torch_threads, whole=True)
-            try:
-                runners[spec.name] = runner = load_runner(spec)
-            finally:
-                if self.ledger is not None:
-                    self.ledger.release()
-            log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s)", spec.name,
-                     spec.task, runner.device, time.perf_counter() - started, self.torch_threads)
+            started = time.perf_counter() - times.total  # the first model's time includes the imports
+            with phases.recording(times):
+                runners[spec.name] = runner = self._load_one(spec)
+            elapsed = time.perf_counter() - started
+            log.info("model %s (%s) loaded on %s in %.1f s with %d torch thread(s): %s", spec.name,
+                     spec.task, runner.device, elapsed, self.torch_threads, times.summary(elapsed))
+            times = phases.StartPhases()
         self.device = ",".join(sorted({runner.device for runner in runners.values()}))
         self.details = {name: details_of(runner) for name, runner in runners.items()}
         self.batch_sizes = {name: runner.spec.max_batch_size for name, runner in runners.items()}
         return runners
+
+    def _load_one(self, spec: ModelSpec) -> Runner:
+        """Load ``spec``'s model holding every core of the ledger: warm-up calibrates it on every thread, and its
+        timings are wrong on fewer."""
+        if self.ledger is not None:
+            with phases.phase("waiting for the cores"):
+                self.ledger.acquire(self.torch_threads, whole=True)
+        try:
+            return load_runner(spec)
+        finally:
+            if self.ledger is not None:
+                self.ledger.release()
 
     def _set_finished(self, error: BaseException | None) -> None:
         if error is None:

@@ -50,6 +50,7 @@ from worker.core import (
 from worker.engine import InferenceThread, Outcomes
 from worker.link import BrokerLink
 from worker.metrics import worker_families
+from worker.runners.phases import process_age_s
 from worker.slots import model_slots
 from worker.stages import BatchWork, Prepared
 from zbatch.protocol import wire
@@ -115,8 +116,10 @@ class WorkerServer(daemon.Service):
         links = [loop.create_task(link.run()) for link in self._links]
         watchdog = loop.create_task(self._watch_batches())
         self._tasks = [*links, watchdog]
-        log.info("worker %s serving %s on %s, broker %s", self.config.identity, ", ".join(self.slots),
-                 self._engine.device, ", ".join(self.endpoints))
+        age = process_age_s()
+        log.info("worker %s serving %s on %s, broker %s: READY sent%s", self.config.identity, ", ".join(self.slots),
+                 self._engine.device, ", ".join(self.endpoints),
+                 f" {age:.1f} s after the process started" if age is not None else "")
         named = {"the broker link": links[0]} if len(links) == 1 else {
             f"the broker link to {endpoint}": task for endpoint, task in zip(self.endpoints, links, strict=True)}
         return {**named, "the inference thread": self._engine.finished, "the batch watchdog": watchdog}

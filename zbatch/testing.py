@@ -50,7 +50,10 @@ STOP_TIMEOUT_S = 20.0
 POLL_S = 0.05
 LOG_LINES = 40
 STRIPPED_ENV = ("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_")  # prefixes of variables a daemon never inherits
-KEPT_ENV = (native.ENV,)  # except these: a compiled build chosen for the whole run reaches the daemons
+# Except these, chosen for a whole run: a compiled build, and the workers' start cache (the ONNX graphs, verdicts
+# and calibrations each worker would otherwise work out again).
+START_CACHE_ENV = "ZBATCH_ONNX_CACHE"
+KEPT_ENV = (native.ENV, START_CACHE_ENV)
 
 
 class DaemonFailure(AssertionError):
@@ -163,8 +166,9 @@ def daemon_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     The caller's, without ``ZBATCH_*`` settings (a daemon's settings come
     from its flags) or ``NOTIFY_SOCKET``/``WATCHDOG_*`` (a run under systemd
     must not have its daemons notify that systemd), but with
-    ``ZBATCH_NATIVE_DIR``; offline for Hugging Face, and with :data:`ROOT`
-    importable ahead of the caller's ``PYTHONPATH``.
+    ``ZBATCH_NATIVE_DIR`` and ``ZBATCH_ONNX_CACHE`` (:data:`KEPT_ENV`);
+    offline for Hugging Face, and with :data:`ROOT` importable ahead of the
+    caller's ``PYTHONPATH``.
     """
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or not k.startswith(STRIPPED_ENV)}
     # ROOT first, then whatever path the caller runs with (packages carried to a host without an index).

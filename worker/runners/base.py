@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from worker.runners import device as devices
-from worker.runners import runtime
+from worker.runners import phases, runtime
 from worker.runners.classify import SequenceClassifier
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.images import ImageRunner
@@ -143,14 +143,16 @@ def runner_class(task: str) -> Any:
 
 def load_runner(spec: ModelSpec) -> Runner:
     """Load the model once on the calling thread, place it on its device, choose its runtime (torch, or ONNX
-    Runtime: :mod:`worker.runners.runtime`) and warm it up.
+    Runtime: :mod:`worker.runners.runtime`) and warm it up; each step a phase of the start
+    (:mod:`worker.runners.phases`).
 
     The runner's ``spec`` is ``spec`` with its batch size resolved for the device.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    device = devices.resolve_device(spec.device)
-    dtype = devices.torch_dtype(spec.dtype, device, spec.path)
+    with phases.phase("device"):
+        device = devices.resolve_device(spec.device)
+        dtype = devices.torch_dtype(spec.dtype, device, spec.path)
     spec = dataclasses.replace(spec, max_batch_size=spec.max_batch_size or devices.batch_size(device))
     if not Path(spec.path).is_dir():
         raise ValueError(f"model folder {spec.path!r} for {spec.name!r} does not exist")
@@ -158,8 +160,9 @@ def load_runner(spec: ModelSpec) -> Runner:
         log.warning("model %s: this CPU has neither AVX512-BF16 nor AMX, so torch emulates bfloat16 and it may "
                     "run slower than float32; measure it, or give this model dtype float32", spec.name)
     runtime.check_settings(spec)
-    runner: Runner = runtime.choose(spec, device, runner_class(spec.task)(spec, device, dtype))
+    runner: Runner = runtime.load(spec, device, dtype, runner_class(spec.task))
     if runner.spec.max_batch_size < 1:  # a custom runner that built a spec of its own: 0 would announce no batch
         runner.spec = dataclasses.replace(runner.spec, max_batch_size=spec.max_batch_size)
-    runner.warm_up()
+    with phases.phase("warm-up"):
+        runner.warm_up()
     return runner

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from worker.runners.spec import RERANK_TASK, InputError, InputKind, ModelSpec, announced_labels
-from worker.runners.text import TextRunner, flag, model_max_length
+from worker.runners.text import TextRunner, flag, load_model, load_tokenizer, model_max_length
 
 if TYPE_CHECKING:
     import torch
@@ -64,11 +64,10 @@ def label_scores(logits: torch.Tensor, config: Any, options: ScoreOptions) -> li
 class SequenceClassifier(TextRunner):
     """A sequence-classification model over texts or pairs: relevance scores (``rerank``) or labels."""
 
-    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        model = AutoModelForSequenceClassification.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype, model: Any = None) -> None:
+        """``model``: one that stands in for the transformers model (ONNX Runtime's), which then never loads."""
+        tokenizer = load_tokenizer(spec)
+        model = model if model is not None else load_model("AutoModelForSequenceClassification", spec, device, dtype)
         self.rerank = spec.task == RERANK_TASK
         if self.rerank and model.config.num_labels != 1:
             raise ValueError(f"model {spec.name!r}: rerank needs a cross-encoder with one output (num_labels 1); "

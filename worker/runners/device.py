@@ -92,6 +92,32 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
             for flag in line.split(":", 1)[-1].split()}
 
 
+def cpu_model_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else what :mod:`platform` says ("" if nothing)."""
+    import platform
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[-1].strip()
+    return platform.processor()
+
+
+def cpu_identity() -> dict[str, str]:
+    """The CPU, as far as what a library computes and how fast depends on it: its architecture, model and flags
+    (a hash of them), for the keys of what a start keeps (:mod:`worker.runners.start_cache`)."""
+    import hashlib
+    import platform
+
+    flags = " ".join(sorted(cpu_flags()))
+    return {"machine": platform.machine(), "model": cpu_model_name(),
+            "flags": hashlib.sha256(flags.encode()).hexdigest()[:16]}
+
+
 def cpu_lacks_native_bfloat16(cpuinfo: str | None = None, machine: str | None = None) -> bool:
     """True on an x86 CPU whose flags show neither AVX512-BF16 nor AMX-BF16 (False when it cannot tell).
 

@@ -28,8 +28,17 @@ import numpy as np
 from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.operations import token_rows, unpooled
 from worker.runners.packing import packer_for
+from worker.runners.phases import phase
 from worker.runners.spec import InputError, ModelSpec, Outputs
-from worker.runners.text import TRUNCATION_PARAMETERS, TextRunner, check_parameters, flag, model_max_length
+from worker.runners.text import (
+    TRUNCATION_PARAMETERS,
+    TextRunner,
+    check_parameters,
+    flag,
+    load_model,
+    load_tokenizer,
+    model_max_length,
+)
 from zbatch.protocol.vocabulary import EMBED_ALL, PROMPT_NAME
 
 if TYPE_CHECKING:
@@ -48,11 +57,10 @@ class EmbeddingRunner(TextRunner):
     parameters = frozenset({"normalize", "dimensions"})
     takes_prompts = True
 
-    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype, model: Any = None) -> None:
+        """``model``: one that stands in for the transformers model (ONNX Runtime's), which then never loads."""
+        tokenizer = load_tokenizer(spec)
+        model = model if model is not None else load_model("AutoModel", spec, device, dtype)
         super().__init__(spec, device, tokenizer, model, _max_length(spec.path, tokenizer, model.config))
         self._packer = packer_for(model, device)
         use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
@@ -61,10 +69,19 @@ class EmbeddingRunner(TextRunner):
         self.details = replace(self.details, dimensions=self.dimensions)
 
     def warm_up(self) -> None:
-        """Warm every shape up eagerly, then capture the CUDA graphs (:mod:`worker.runners.graphs`)."""
+        """Capture the CUDA graphs (:mod:`worker.runners.graphs`), whose captures run every shape first; warm the
+        shapes up eagerly only where there are no graphs, or their capture failed."""
         super().warm_up()
         if self._graphs is not None and self.buckets is not None:
-            self._graphs.capture(self.buckets.shapes())
+            with phase("cuda graphs"):
+                self._graphs.capture(self.buckets.shapes())
+            if not self._graphs.shapes:
+                self._warm_shapes(super()._eager_shapes())
+
+    def _eager_shapes(self) -> list[tuple[int, int]]:
+        """None where CUDA graphs will run every bucket's shape (their capture runs each first): batches run the
+        graphs, and only ``embed_all`` runs the eager pass, which meets a shape's one-time set-up on first use."""
+        return [] if self._graphs is not None else super()._eager_shapes()
 
     def embed_all(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
         """Each input's token vectors, unpooled and not normalized (``embed_all``, worker.runners.operations)."""

@@ -31,7 +31,6 @@ first if no worker has done so yet:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -44,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from worker.runners.start_cache import locked
 
 log = logging.getLogger("zbatch.worker")
 
@@ -78,17 +79,50 @@ def cache_dir(setting: str = "") -> Path:
 
 
 def model_digest(path: str) -> str:
-    """SHA-256 over the model folder's ``config.json`` and weight files (names and bytes)."""
-    digest = hashlib.sha256()
+    """SHA-256 over the model folder's ``config.json`` and weight files (names and bytes).
+
+    Worked out once per process for files as they are: a start asks for it several times (the export's key,
+    the verdict's, the calibration's), and a file that changes gets new sizes or times, so it is read again.
+    """
     folder = Path(path)
     files = sorted(p for p in folder.iterdir() if p.is_file()
                    and (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES))
+    return _digest(folder, files)
+
+
+def other_files_digest(path: str) -> str:
+    """SHA-256 over every other file under the model folder (the tokenizer's, sentence-transformers' modules,
+    subfolders' weights): what :func:`model_digest` leaves out, for keys that depend on the whole folder."""
+    folder = Path(path)
+    covered = {p for p in folder.iterdir() if p.is_file()
+                  and (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES)}
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p not in covered
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return _digest(folder, files)
+
+
+_digests: dict[tuple[Any, ...], str] = {}  # this process's digests, by the files' names, sizes and times
+
+
+def _digest(folder: Path, files: list[Path]) -> str:
+    stats = tuple((str(file.relative_to(folder)), *_identity(file)) for file in files)
+    known = _digests.get((str(folder), stats))
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
     for file in files:
-        digest.update(file.name.encode() + b"\0")
+        digest.update(str(file.relative_to(folder)).encode() + b"\0")
         with file.open("rb") as stream:
             while chunk := stream.read(1 << 20):
                 digest.update(chunk)
-    return digest.hexdigest()
+    _digests[(str(folder), stats)] = found = digest.hexdigest()
+    return found
+
+
+def _identity(file: Path) -> tuple[int, ...]:
+    """What changes when a file is written or replaced: its inode, size, modification and change times."""
+    stat = file.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 def versions() -> dict[str, str]:
@@ -106,6 +140,11 @@ def cache_key(model_path: str, head: str, variant: str = "") -> str:
     hashed = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(model_path).name)[:40]
     return f"{name}-{variant + '-' if variant else ''}{hashed}"
+
+
+def existing(model_path: str, head: str, cache: str = "", variant: str = "") -> Exported | None:
+    """The cache entry of the model's graphs if a whole one is there (no export, no model needed), else None."""
+    return _read_entry(cache_dir(cache) / cache_key(model_path, head, variant))
 
 
 def exported(model: Any, model_path: str, head: str, input_names: list[str], cache: str = "") -> Exported:
@@ -141,13 +180,29 @@ def quantized(source: Exported, model_path: str, head: str, cache: str = "") -> 
 def _entry(cache: Path, key: str, make: Any) -> Exported:
     """The entry ``key`` under ``cache``; ``make(folder)`` writes a missing one and returns its meta."""
     final = cache / key
-    if not (final / META).is_file():
+    entry = _read_entry(final)
+    if entry is None:
         cache.mkdir(parents=True, exist_ok=True)
-        with _locked(cache / f"{key}.lock"):
-            if not (final / META).is_file():  # another worker may have made it while this one waited
+        with locked(cache / f"{key}.lock"):
+            entry = _read_entry(final)  # another worker may have made it while this one waited
+            if entry is None:
+                if final.exists():
+                    log.info("start cache: %s lacks a readable %s or a graph; exporting it again", final, META)
                 _make(cache, key, make)
-    meta = json.loads((final / META).read_text())
-    return Exported(final, tuple(meta["inputs"]), tuple(meta["graphs"]))
+                entry = _read_entry(final)
+    if entry is None:
+        raise RuntimeError(f"the export into {final} left no readable {META}")
+    return entry
+
+
+def _read_entry(folder: Path) -> Exported | None:
+    """The entry in ``folder`` if its meta parses and names graphs that are there."""
+    try:
+        meta = json.loads((folder / META).read_text())
+        entry = Exported(folder, tuple(meta["inputs"]), tuple(meta["graphs"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return entry if entry.graphs and all(entry.path(graph).is_file() for graph in entry.graphs) else None
 
 
 def _make(cache: Path, key: str, make: Any) -> None:
@@ -164,16 +219,6 @@ def _make(cache: Path, key: str, make: Any) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     log.info("exported %s in %.1f s", cache / key, time.perf_counter() - started)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager

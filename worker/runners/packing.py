@@ -86,10 +86,12 @@ def packer_for(model: Any, device: str) -> PackedBert | None:
     pass has no dropout) on the CPU.  On a GPU padding is nearly free and one attention call per input
     would cost more than it saves.
     """
+    if device != "cpu" or type(model).__name__ != "BertModel":  # before importing BertModel's module: a model
+        return None  # that is not one (ONNX Runtime's) does not pay for the import
     from transformers import BertModel
 
     config = model.config
-    if device != "cpu" or type(model) is not BertModel or config.is_decoder or model.training:
+    if type(model) is not BertModel or config.is_decoder or model.training:
         return None
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         return None

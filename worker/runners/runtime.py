@@ -29,17 +29,18 @@ it falls short.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from worker.runners import onnx_export, phases, start_cache, verdicts
 from worker.runners.classify import SequenceClassifier
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.spec import QUANTIZE, RUNTIMES, InputKind, ModelSpec
-from worker.runners.text import TextRunner
+from worker.runners.text import TextRunner, dtype_name
 
 log = logging.getLogger("zbatch.worker")
 
@@ -51,36 +52,36 @@ SAMPLES = (
     "A broker hands each worker a batch of requests, and the worker answers every one of them before its "
     "deadline, or says why it could not.",
 )
+VALIDATION = {"samples": SAMPLES, "min_cosine": MIN_COSINE, "int8_min_cosine": INT8_MIN_COSINE}  # a verdict's key
 
 
 class ExportRefused(Exception):
-    """The model's ONNX export failed or did not validate; the message says why."""
+    """The model's ONNX export failed or did not validate; the message says why.  ``lasting``: the same model
+    would fail the same way at the next start (not an I/O error), so the verdict may be kept."""
 
-
-@dataclass(frozen=True, slots=True)
-class Validated:
-    graph: str
-    agreement: float  # the lowest agreement over the samples (a cosine)
+    def __init__(self, message: str, lasting: bool = True) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 def head_of(runner: Any) -> str | None:
-    """The model output a runner reads, if ONNX Runtime can stand in for its model."""
-    if isinstance(runner, EmbeddingRunner):
+    """The model output a runner (or runner class) reads, if ONNX Runtime can stand in for its model."""
+    kind = runner if isinstance(runner, type) else type(runner)
+    if issubclass(kind, EmbeddingRunner):
         return "last_hidden_state"
-    if isinstance(runner, SequenceClassifier):
+    if issubclass(kind, SequenceClassifier):
         return "logits"
     return None
 
 
-def unsupported(spec: ModelSpec, device: str, runner: Any) -> str:
-    """Why ONNX Runtime cannot serve this model here ("" if it can try)."""
+def unsupported(spec: ModelSpec, device: str, runner_class: type, dtype: Any) -> str:
+    """Why ONNX Runtime cannot serve this model here ("" if it can try), known before the model loads."""
     if device != "cpu":
         return f"it runs on {device}, where torch serves it (this worker carries ONNX Runtime's CPU build)"
-    if head_of(runner) is None:
+    if head_of(runner_class) is None:
         return f"task {spec.task} has no ONNX runner (embeddings, rerank and text classification have)"
-    dtype = str(getattr(getattr(runner, "_model", None), "dtype", "")).removeprefix("torch.")
-    if dtype != "float32":
-        return f"its weights are {dtype or 'of no known dtype'}; the ONNX export runs float32"
+    if dtype_name(dtype) != "float32":
+        return f"its weights are {dtype_name(dtype)}; the ONNX export runs float32"
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -99,94 +100,158 @@ def check_settings(spec: ModelSpec) -> None:
                          "onnx, or quantize none")
 
 
-def choose(spec: ModelSpec, device: str, runner: Any) -> Any:
-    """``runner``, its model run by ONNX Runtime where ``spec.runtime`` asks for it and it validates."""
-    if spec.runtime == "torch":
+def load(spec: ModelSpec, device: str, dtype: Any, runner_class: type) -> Any:
+    """The runner of ``spec``, its model run by ONNX Runtime where ``spec.runtime`` asks for it and the model's
+    verdict allows it (kept from an earlier start, or worked out now: :mod:`worker.runners.verdicts`)."""
+    why_not = "" if spec.runtime == "torch" else unsupported(spec, device, runner_class, dtype)
+    if spec.runtime == "torch" or why_not:
+        if why_not:
+            _on_torch(spec, why_not, refused=False)
+        return runner_class(spec, device, dtype)
+    head = head_of(runner_class)
+    assert head is not None
+    with phases.phase("verdict"):
+        key = verdicts.key_for(spec, runner_class, head, device, dtype_name(dtype), VALIDATION)
+    with start_cache.once(key, verdicts.usable(key.cache)) as record:
+        if record is None:  # this worker decides, holding the verdict's lock
+            return _decide(spec, device, dtype, runner_class, key)
+        verdict = verdicts.from_record(record, key.cache)
+    phases.note("verdict", f"from the cache, {key.path.name}")
+    try:
+        return _from_verdict(spec, device, dtype, runner_class, verdict, key)
+    except Exception as exc:  # its graph does not load after all (ONNX Runtime's own errors): decide again
+        if verdict.graph is None:
+            raise
+        log.info("start cache: %s names a graph that does not load (%s: %s); working it out again", key.path,
+                 type(exc).__name__, _first_line(exc))
+    with start_cache.locked(key.path.with_suffix(".lock")):
+        return _decide(spec, device, dtype, runner_class, key)
+
+
+def _decide(spec: ModelSpec, device: str, dtype: Any, runner_class: type, key: start_cache.RecordKey) -> Any:
+    """Load the torch model, export and validate it now, keep the verdict, and return the runner it gives."""
+    runner = runner_class(spec, device, dtype)
+    try:
+        verdict, ort_model = with_onnx(runner, spec)
+    except ExportRefused as exc:
+        if exc.lasting:
+            start_cache.write(key, verdicts.to_record(verdicts.Verdict.torch(str(exc)), key.cache))
+        _on_torch(spec, str(exc), refused=True)
         return runner
-    why_not = unsupported(spec, device, runner)
-    refused = False
-    if not why_not:
-        try:
-            return with_onnx(runner, spec)
-        except ExportRefused as exc:
-            why_not, refused = str(exc), True
-    if spec.runtime == "onnx":
-        raise ValueError(f"model {spec.name!r}: runtime onnx cannot serve it: {why_not}")
-    log.log(logging.WARNING if refused else logging.INFO, "model %s runs on torch: %s", spec.name, why_not)
+    start_cache.write(key, verdicts.to_record(verdict, key.cache))
+    return _serving(runner, ort_model, spec, verdict, "validated now against torch")
+
+
+def _from_verdict(spec: ModelSpec, device: str, dtype: Any, runner_class: type, verdict: verdicts.Verdict,
+                  key: start_cache.RecordKey) -> Any:
+    """The runner a kept verdict gives: torch's, or ONNX Runtime's graph with no torch model loaded at all."""
+    if verdict.graph is None:
+        _on_torch(spec, f"{verdict.reason} (as decided at an earlier start: {key.path})", refused=True)
+        return runner_class(spec, device, dtype)
+    head = head_of(runner_class)
+    assert head is not None
+    with phases.phase("sessions"):
+        import torch
+        from transformers import AutoConfig
+
+        from worker.runners.onnx_session import OrtModel
+
+        config = AutoConfig.from_pretrained(spec.path)
+        ort_model = OrtModel(verdict.graph, verdict.inputs, head, config, torch.get_num_threads())
+    if runner_class in (EmbeddingRunner, SequenceClassifier):
+        runner = runner_class(spec, device, dtype, model=ort_model)
+    else:  # a runner of the user's own, built as any runner is: its torch model loads, then steps aside
+        runner = runner_class(spec, device, dtype)
+    return _serving(runner, ort_model, spec, verdict, f"as validated at an earlier start: {key.path}")
+
+
+def _serving(runner: Any, ort_model: Any, spec: ModelSpec, verdict: verdicts.Verdict, how: str) -> Any:
+    """``runner`` with ``ort_model`` in place of its model, said in one log line (and the verdict's warnings)."""
+    import onnxruntime
+
+    for warning in verdict.warnings:
+        log.warning("model %s: %s", spec.name, warning)
+    runner._model = ort_model
+    runner._packer = None  # packing is torch's; length groups serve ORT
+    runner.runtime = f"onnxruntime {onnxruntime.__version__}"
+    log.info("model %s runs on ONNX Runtime %s (%s, cosine %.7f to torch on %d inputs padded and alone, %s; %d "
+             "session(s) for %s thread(s); graph %s)", spec.name, onnxruntime.__version__, verdict.label,
+             verdict.agreement, verdict.samples, how, len(ort_model.counts), "/".join(map(str, ort_model.counts)),
+             verdict.graph)
     return runner
 
 
-def with_onnx(runner: TextRunner, spec: ModelSpec) -> TextRunner:
-    """Export, validate and swap the runner's model for its ONNX Runtime graph (ExportRefused: why not)."""
-    import onnxruntime
+def _on_torch(spec: ModelSpec, why_not: str, refused: bool) -> None:
+    """Say why torch serves the model; refuse to start where ``spec.runtime`` asks for ONNX Runtime alone."""
+    if spec.runtime == "onnx":
+        raise ValueError(f"model {spec.name!r}: runtime onnx cannot serve it: {why_not}")
+    log.log(logging.WARNING if refused else logging.INFO, "model %s runs on torch: %s", spec.name, why_not)
+
+
+def with_onnx(runner: TextRunner, spec: ModelSpec) -> tuple[verdicts.Verdict, Any]:
+    """Export and validate the runner's model: the verdict and the ONNX Runtime model it names (ExportRefused:
+    why none holds).  The runner is left as it was."""
     import torch
 
-    from worker.runners import onnx_export
     from worker.runners.onnx_session import OrtModel
 
     head = head_of(runner)
     assert head is not None
     model = runner._model
     try:
-        entry = onnx_export.exported(model, spec.path, head, list(runner._tokenizer.model_input_names),
-                                     spec.onnx_cache)
+        with phases.phase("export"):
+            entry = onnx_export.exported(model, spec.path, head, list(runner._tokenizer.model_input_names),
+                                         spec.onnx_cache)
     except Exception as exc:
-        raise ExportRefused(f"its ONNX export failed ({type(exc).__name__}: {_first_line(exc)})") from exc
+        raise ExportRefused(f"its ONNX export failed ({type(exc).__name__}: {_first_line(exc)})",
+                            lasting=not isinstance(exc, OSError | MemoryError)) from exc
     full = torch.get_num_threads()
     samples = _samples(runner)
-    chosen: tuple[OrtModel, Validated] | None = None
     failed = []
     for graph in entry.graphs:
         try:
-            candidate = OrtModel(entry.path(graph), entry.inputs, head, model.config, full)
-            agreement = agreement_with(runner, model, candidate, samples)
+            with phases.phase("sessions"):
+                candidate = OrtModel(entry.path(graph), entry.inputs, head, model.config, full)
+            with phases.phase("validation"):
+                agreement = agreement_with(runner, model, candidate, samples)
         except Exception as exc:  # a graph that fails on inputs unlike the traced example's, say
             failed.append(f"{graph} fails: {type(exc).__name__}: {_first_line(exc)}")
             continue
         if agreement >= MIN_COSINE:
-            chosen = candidate, Validated(graph, agreement)
-            break
+            verdict = verdicts.Verdict(entry.path(graph), entry.inputs, graph, agreement, len(samples))
+            if spec.quantize == "int8":
+                return _int8(runner, spec, entry, candidate, verdict, samples)
+            return verdict, candidate
         failed.append(f"{graph} at cosine {agreement:.6f}")
-    if chosen is None:
-        raise ExportRefused(f"its ONNX export does not validate against torch ({'; '.join(failed)}; it must reach "
-                            f"cosine {MIN_COSINE} on padded and unpadded inputs)")
-    ort_model, validated = chosen
-    if spec.quantize == "int8":
-        ort_model, validated = _int8(runner, spec, entry, ort_model, validated, samples)
-    runner._model = ort_model
-    runner._packer = None  # packing is torch's; length groups serve ORT
-    runner.runtime = f"onnxruntime {onnxruntime.__version__}"  # type: ignore[attr-defined]
-    log.info("model %s runs on ONNX Runtime %s (%s, cosine %.7f to torch on %d inputs padded and alone; %d "
-             "session(s) for %s thread(s); cache %s)", spec.name, onnxruntime.__version__, validated.graph,
-             validated.agreement, len(samples), len(ort_model.counts), "/".join(map(str, ort_model.counts)),
-             entry.folder)
-    return runner
+    raise ExportRefused(f"its ONNX export does not validate against torch ({'; '.join(failed)}; it must reach "
+                        f"cosine {MIN_COSINE} on padded and unpadded inputs)")
 
 
-def _int8(runner: TextRunner, spec: ModelSpec, entry: Any, ort_model: Any, validated: Validated,
-          samples: list[Any]) -> tuple[Any, Validated]:
-    from worker.runners import onnx_export
+def _int8(runner: TextRunner, spec: ModelSpec, entry: Any, ort_model: Any, validated: verdicts.Verdict,
+          samples: list[Any]) -> tuple[verdicts.Verdict, Any]:
+    """The int8 graph and its verdict where it holds at its bar; else the float32 ones, with a warning why not."""
     from worker.runners.onnx_session import OrtModel
 
     head = ort_model.head
     try:
-        int8 = onnx_export.quantized(entry, spec.path, head, spec.onnx_cache)
-    except Exception as exc:
-        log.warning("model %s: int8 quantization failed (%s: %s); float32 ONNX Runtime serves it", spec.name,
-                    type(exc).__name__, _first_line(exc))
-        return ort_model, validated
-    try:
+        with phases.phase("export"):
+            int8 = onnx_export.quantized(entry, spec.path, head, spec.onnx_cache)
         candidate = OrtModel(int8.path(int8.graphs[0]), int8.inputs, head, ort_model.config, ort_model.counts[-1])
-        agreement = agreement_with(runner, runner._model, candidate, samples)
+        with phases.phase("validation"):
+            agreement = agreement_with(runner, runner._model, candidate, samples)
     except Exception as exc:
-        log.warning("model %s: its int8 graph fails (%s: %s); float32 ONNX Runtime serves it", spec.name,
-                    type(exc).__name__, _first_line(exc))
-        return ort_model, validated
+        if isinstance(exc, OSError | MemoryError):  # may not happen again: no verdict is kept
+            raise ExportRefused(f"its int8 graph could not be made ({type(exc).__name__}: {_first_line(exc)})",
+                                lasting=False) from exc
+        warning = (f"int8 quantization failed ({type(exc).__name__}: {_first_line(exc)}); float32 ONNX Runtime "
+                   "serves it")
+        return dataclasses.replace(validated, warnings=(warning,)), ort_model
     if agreement < INT8_MIN_COSINE:
-        log.warning("model %s: its int8 graph agrees with torch at cosine %.5f only, under the %.2f bar; float32 "
-                    "ONNX Runtime serves it", spec.name, agreement, INT8_MIN_COSINE)
-        return ort_model, validated
-    return candidate, Validated(f"int8 from {validated.graph}", agreement)
+        warning = (f"its int8 graph agrees with torch at cosine {agreement:.5f} only, under the {INT8_MIN_COSINE:.2f} "
+                   "bar; float32 ONNX Runtime serves it")
+        return dataclasses.replace(validated, warnings=(warning,)), ort_model
+    return dataclasses.replace(validated, graph=int8.path(int8.graphs[0]), inputs=int8.inputs,
+                               label=f"int8 from {validated.label}", agreement=agreement), candidate
 
 
 def _samples(runner: TextRunner) -> list[Any]:

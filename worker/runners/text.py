@@ -37,17 +37,23 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from worker.runners import calibrations
+from worker.runners.device import cpu_identity
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.onnx_export import cache_dir, model_digest
 from worker.runners.operations import decode_ids
 from worker.runners.packing import PackedBert
+from worker.runners.phases import phase
 from worker.runners.prompts import Prompts, prompted
 from worker.runners.shapes import Buckets
 from worker.runners.spec import (
@@ -59,6 +65,7 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
+from worker.runners.start_cache import RecordKey
 from zbatch.protocol.vocabulary import PROMPT_NAME
 
 log = logging.getLogger("zbatch.worker")
@@ -219,18 +226,47 @@ class TextRunner:
             self.cost_model = calibrate(self._seconds_for)
 
     def warm_up(self) -> None:
-        """Run a tiny batch (lazy initialisation), then measure what padding costs on this device; on an
-        accelerator, run every bucket's shape once first, so that serving never meets a new one."""
+        """Run a tiny batch (lazy initialisation), then measure what padding costs on this device (or read it
+        from the start cache: :mod:`worker.runners.calibrations`); on an accelerator, run every bucket's shape
+        that serving runs eagerly once first, so that serving never meets a new one."""
         self.run([self.warm_up_input], {})
-        if self.buckets is not None:
-            started = time.perf_counter()
-            shapes = self.buckets.shapes()
+        self._warm_shapes(self._eager_shapes())
+        with phase("calibration"):
+            self.cost_model = calibrations.calibrated(self._calibration_key(), self._seconds_for)
+
+    def _eager_shapes(self) -> list[tuple[int, int]]:
+        """The bucket shapes serving runs through the model's own forward pass (on a CPU, none: no buckets)."""
+        return self.buckets.shapes() if self.buckets is not None else []
+
+    def _warm_shapes(self, shapes: list[tuple[int, int]]) -> None:
+        """Run each ``(rows, length)`` once, the way serving runs it."""
+        if not shapes or self.buckets is None:
+            return
+        started = time.perf_counter()
+        with phase("shapes"):
             for rows, length in shapes:
                 self._warm(rows, length)
-            log.info("model %s: %d shapes (up to %d rows of %d tokens) warmed up on %s in %.1f s", self.spec.name,
-                     len(shapes), self.buckets.max_rows, self.buckets.max_length, self.device,
-                     time.perf_counter() - started)
-        self.cost_model = calibrate(self._seconds_for)
+        log.info("model %s: %d shapes (up to %d rows of %d tokens) warmed up on %s in %.1f s", self.spec.name,
+                 len(shapes), self.buckets.max_rows, self.buckets.max_length, self.device,
+                 time.perf_counter() - started)
+
+    def _calibration_key(self) -> RecordKey:
+        """What this runner's calibration depends on (:func:`worker.runners.calibrations.key_for`)."""
+        import torch
+
+        graph = getattr(self._model, "path", None)  # ONNX Runtime's graph (worker.runners.onnx_session.OrtModel)
+        runs: dict[str, Any] = {"runtime": getattr(self, "runtime", f"torch {torch.__version__}"),
+                                "packed": self._packer is not None and self._length_grouping}
+        if isinstance(graph, Path):
+            stat = graph.stat()
+            runs["graph"] = [str(graph), stat.st_size, stat.st_mtime_ns]
+        device = self.device
+        if device.startswith("cuda"):
+            device = f"{device} {torch.cuda.get_device_name(device)}"
+        parts = {"model": model_digest(self.spec.path), "runner": f"{type(self).__module__}.{type(self).__qualname__}",
+                 "runs": runs, "device": device, "dtype": self.details.dtype, "threads": torch.get_num_threads(),
+                 "cpu": cpu_identity(), "cores": os.cpu_count()}
+        return calibrations.key_for(cache_dir(self.spec.onnx_cache), Path(self.spec.path).name, parts)
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
         """Each text's tokens (``tokenize``), its prompt's included where the runner takes prompts."""
@@ -400,6 +436,23 @@ class TextRunner:
             else:
                 self._model(**batch)[0].float().sum().item()  # .item() waits for a GPU to finish
         return time.perf_counter() - started
+
+
+def load_tokenizer(spec: ModelSpec) -> Any:
+    """The model's fast tokenizer (a phase of the start: :mod:`worker.runners.phases`)."""
+    with phase("tokenizer"):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(spec.path, use_fast=True)
+
+
+def load_model(auto_class: str, spec: ModelSpec, device: str, dtype: Any) -> Any:
+    """The transformers model by ``auto_class`` (``AutoModel``, ...) on ``device`` in ``dtype``, in eval mode; its
+    modeling code's import included, which costs more than a small model's weights."""
+    with phase("model"):
+        import transformers
+
+        return getattr(transformers, auto_class).from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
 
 
 def prompts_of(spec: ModelSpec, takes_prompts: bool) -> Prompts:

@@ -1,0 +1,85 @@
+"""What padding costs a model on this host: calibrated once per model, runtime, device, thread count and CPU, and
+kept for the next start.
+
+Theory of operation
+-------------------
+Warm-up fits the cost model of :mod:`worker.runners.grouping` from a few
+timed passes (:func:`~worker.runners.grouping.calibrate`).  The fit is a
+record of the start cache (:mod:`worker.runners.start_cache`,
+``calibrations/`` in ``--onnx-cache``), keyed on what the timings depend on
+(:func:`key_for`): the model's config and weights, what runs them (torch and
+whether it packs, or ONNX Runtime and its graph), the device and dtype, the
+thread count, the CPU and its core count, and the shapes calibration times.
+
+The thread governor (:mod:`worker.threads`) reads a calibration as what a
+batch takes on a quiet host, so a start that finds a record still times the
+short shape, which costs a few milliseconds.  If it runs clearly faster than
+when the record was made (under :data:`QUIETER` of the kept time), the host
+was busier then: the whole calibration runs again and replaces the record.
+A busy start keeps a quiet record, and a record made while the host was busy
+is replaced by the next quiet start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from worker.runners import phases, start_cache
+from worker.runners.grouping import CALIBRATION_LONG, CALIBRATION_RUNS, CALIBRATION_SHORT, CostModel, calibrate
+from worker.runners.start_cache import Record, RecordKey
+
+log = logging.getLogger("zbatch.worker")
+
+KIND = "calibrations"
+QUIETER = 0.8  # a short pass under this share of the kept one: the record was made on a busier host
+SecondsFor = Callable[[int, int], float]
+
+
+def key_for(cache: Path, name: str, parts: Mapping[str, Any]) -> RecordKey:
+    """The record of a calibration: ``parts`` say what runs (the runner's), the shapes timed are added here."""
+    shapes = {"short": CALIBRATION_SHORT, "long": CALIBRATION_LONG, "runs": CALIBRATION_RUNS}
+    return RecordKey(cache, KIND, name, {**parts, "shapes": shapes})
+
+
+def calibrated(key: RecordKey, seconds_for: SecondsFor) -> CostModel:
+    """The cost model of ``key``: kept from an earlier start if this host is not quieter now, else measured now
+    (by ``seconds_for(rows, tokens)``, one timed pass) and kept."""
+    with start_cache.once(key, _usable) as record:
+        if record is None:
+            return _measured(key, seconds_for, "measured")
+    probe = min(seconds_for(*CALIBRATION_SHORT) for _ in range(CALIBRATION_RUNS))
+    if probe >= QUIETER * float(record["short_seconds"]):
+        phases.note("calibration", "from the cache")
+        return CostModel(float(record["overhead_tokens"]), float(record["seconds_per_token"]))
+    log.info("start cache: %s was calibrated on a busier host (a short pass %.1f ms then, %.1f ms now); "
+             "calibrating again", key.path, 1000 * float(record["short_seconds"]), 1000 * probe)
+    with start_cache.locked(key.path.with_suffix(".lock")):
+        return _measured(key, seconds_for, "measured again: the host is quieter than when it was kept")
+
+
+def _measured(key: RecordKey, seconds_for: SecondsFor, how: str) -> CostModel:
+    shortest: list[float] = []
+
+    def timed(rows: int, tokens: int) -> float:
+        seconds = seconds_for(rows, tokens)
+        if (rows, tokens) == CALIBRATION_SHORT:
+            shortest.append(seconds)
+        return seconds
+
+    model = calibrate(timed)
+    start_cache.write(key, {"overhead_tokens": model.overhead_tokens, "seconds_per_token": model.seconds_per_token,
+                            "short_seconds": min(shortest)})
+    phases.note("calibration", how)
+    return model
+
+
+def _usable(record: Record) -> str:
+    """Why a calibration record cannot serve: numbers missing or out of range."""
+    overhead, per_token, short = (float(record[name]) for name in ("overhead_tokens", "seconds_per_token",
+                                                                   "short_seconds"))
+    if not (overhead >= 0 and per_token >= 0 and short > 0):
+        return "holds numbers no calibration gives"
+    return ""
