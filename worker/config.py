@@ -47,7 +47,9 @@ class WorkerConfig:
     quantize: str = option("none", "int8: ONNX Runtime's dynamic int8 quantization of the weights, kept only where "
                            "its outputs stay at cosine >= 0.98 to torch's (close to float32, not equal)",
                            choices=QUANTIZE)
-    onnx_cache: str = option("", "folder of the exported ONNX graphs, shared by the workers that start together "
+    onnx_cache: str = option("", "folder of what a start works out and the next start of the same model here "
+                             "reads: the exported ONNX graphs, their validation verdicts and the calibrations, "
+                             "shared by the workers that start together; delete it, or any of it, at any time "
                              "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")
     max_batch_size: int = option(0, "most items in one batch (0: 32 on the CPU, 128 on CUDA)", minimum=0)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "

@@ -21,6 +21,7 @@ CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-na
               "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "shed", "scale",
               "overlap")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
+SECTION_ONLY = ("start",)  # cases with no requests to count: their figures are in a section of their own
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
 
 
@@ -133,6 +134,8 @@ def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in sorted_rows(rows):
+        if r["case"] in SECTION_ONLY:
+            continue
         cells = [r["case"], r["system"], str(r["concurrency"]), number(r["req_s"]), number(r["texts_s"]),
                  number(r["p50_ms"]), number(r["p99_ms"]), _errors(r), r["ratio"], _noise(r)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -223,6 +226,10 @@ CASE_NOTES = """
   the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
   Then the same pair on the real model: two real workers of one broker, one with the preparation pool and one
   without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
+* **start**: a worker of the default model on the CPU, at its defaults, started again and again beside one
+  broker, alternately on a new, empty start cache (cold: it exports, validates and calibrates) and on one a
+  start filled first (warm: it reads its ONNX verdict and calibration); seconds from spawning it to the broker
+  listing it, and the phases of its start (the Worker start section).
 """
 
 RATIO_NOTE = (
@@ -268,6 +275,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
     lines += sections["details"]
+    if sections.get("start"):
+        start = sections["start"]
+        lines += ["", *(start if start[0].startswith("## ") else ["## Worker start", "", *start])]
     if sections.get("gpu"):
         gpu = sections["gpu"]
         lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]

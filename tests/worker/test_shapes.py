@@ -108,6 +108,50 @@ def test_warm_up_runs_every_bucket_once(minilm: TextRunner, monkeypatch: pytest.
     assert set(Buckets(64, 4).shapes()) <= set(seen)
 
 
+class StandInGraphs:
+    """Stands in for :class:`worker.runners.graphs.GraphedPooling`, which needs CUDA (none here): records the shapes
+    it is asked to capture, and captures them all, or none (a failed capture)."""
+
+    def __init__(self, captures: bool) -> None:
+        self.captures = captures
+        self.asked: list[tuple[int, int]] = []
+
+    def capture(self, shapes: list[tuple[int, int]]) -> None:
+        self.asked = list(shapes)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        return sorted(self.asked) if self.captures else []
+
+    def pooled(self, encoded: dict[str, torch.Tensor]) -> None:
+        return None  # the eager pass answers: what is tested is which shapes warm-up runs through it
+
+
+@pytest.mark.parametrize("captures", [True, False])
+def test_shapes_that_graphs_capture_are_not_also_warmed_eagerly(minilm: TextRunner, captures: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture runs each shape itself before recording it; the eager pass warms them only if capture failed."""
+    assert isinstance(minilm, EmbeddingRunner)
+    seen: list[tuple[int, ...]] = []
+    forward = minilm._forward
+
+    def recording(encoded: dict[str, torch.Tensor], options: object) -> list[object]:
+        seen.append(tuple(encoded["input_ids"].shape))
+        return forward(encoded, options)
+
+    graphs = StandInGraphs(captures)
+    monkeypatch.setattr(minilm, "_forward", recording)
+    monkeypatch.setattr(minilm, "_graphs", graphs)
+    minilm.buckets = Buckets(64, 4)
+    try:
+        minilm.warm_up()
+    finally:
+        minilm.buckets = None
+    assert graphs.asked == Buckets(64, 4).shapes()
+    warmed = set(Buckets(64, 4).shapes()) & set(seen) - {(1, 16)}  # (1, 16): the tiny warm-up batch's bucket
+    assert warmed == (set() if captures else set(Buckets(64, 4).shapes()) - {(1, 16)})
+
+
 def test_the_graphed_pass_is_the_models_own_pass(minilm: TextRunner, tmp_path: Path) -> None:
     """What a CUDA graph records (worker.runners.graphs.bert_pooled) equals transformers' forward, mean-pooled."""
     tiny = load_runner(ModelSpec("tiny", make_tiny_bert(tmp_path, "feature-extraction")))
