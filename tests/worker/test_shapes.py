@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -135,7 +136,7 @@ def test_shapes_that_graphs_capture_are_not_also_warmed_eagerly(minilm: TextRunn
     seen: list[tuple[int, ...]] = []
     forward = minilm._forward
 
-    def recording(encoded: dict[str, torch.Tensor], options: object) -> list[object]:
+    def recording(encoded: dict[str, torch.Tensor], options: Any) -> list[Any]:
         seen.append(tuple(encoded["input_ids"].shape))
         return forward(encoded, options)
 
