@@ -74,7 +74,7 @@ def test_a_corrupt_verdict_is_worked_out_again_with_one_log_line(
     kept.write_text('{"runtime": "onnxrunt')  # cut short, as by a full disk
     with caplog.at_level(logging.INFO, logger="zbatch.worker"):
         runner, times = load(tiny, tmp_path)
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start cache:")]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"start cache: {kept}")]
     assert len(said) == 1 and "does not parse" in said[0], said
     assert "validation" in times.seconds and runner.runtime.startswith("onnxruntime")
     assert json.loads(kept.read_text())["runtime"] == "onnxruntime"  # written again, whole
@@ -158,6 +158,22 @@ def test_a_model_that_does_not_validate_starts_on_torch_without_trying_again(
     assert not {"export", "validation"} & set(times.seconds)
     with pytest.raises(ValueError, match="runtime onnx cannot serve it: its ONNX export does not validate"):
         load(path, tmp_path / "cache", runtime="onnx")
+
+
+def test_a_cache_that_cannot_keep_records_does_not_stop_a_start(tiny: str, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Files where the record folders would be (a fault root's tests can make; a read-only folder is none to
+    root): the graphs are kept, the records cannot be, and the worker serves, saying so once a folder."""
+    for kind in (verdicts.KIND, calibration_records.KIND):
+        (tmp_path / kind).write_text("not a folder")
+    with caplog.at_level(logging.INFO, logger="zbatch.worker"):
+        first, _ = load(tiny, tmp_path)
+        second, times = load(tiny, tmp_path)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start cache:")]
+    assert len(said) == 2 and all("cannot be written" in each for each in said), said  # once a folder
+    assert "validation" in times.seconds  # nothing was kept: worked out again
+    for want, got in zip(first.run(TEXTS, {}), second.run(TEXTS, {}), strict=True):
+        np.testing.assert_array_equal(want, got)
 
 
 DECIDE_ONE = """

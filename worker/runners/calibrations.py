@@ -7,7 +7,7 @@ Warm-up fits the cost model of :mod:`worker.runners.grouping` from a few
 timed passes (:func:`~worker.runners.grouping.calibrate`).  The fit is a
 record of the start cache (:mod:`worker.runners.start_cache`,
 ``calibrations/`` in ``--onnx-cache``), keyed on what the timings depend on
-(:func:`key_for`): the model's config and weights, what runs them (torch and
+(:func:`key_of`): the model's config and weights, what runs them (torch and
 whether it packs, or ONNX Runtime and its graph), the device and dtype, the
 thread count, the CPU and its core count, and the shapes calibration times.
 
@@ -23,12 +23,15 @@ is replaced by the next quiet start.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from worker.runners import phases, start_cache
+from worker.runners.device import cpu_identity
 from worker.runners.grouping import CALIBRATION_LONG, CALIBRATION_RUNS, CALIBRATION_SHORT, CostModel, calibrate
+from worker.runners.onnx_export import cache_dir, model_digest
 from worker.runners.start_cache import Record, RecordKey
 
 log = logging.getLogger("zbatch.worker")
@@ -36,6 +39,27 @@ log = logging.getLogger("zbatch.worker")
 KIND = "calibrations"
 QUIETER = 0.8  # a short pass under this share of the kept one: the record was made on a busier host
 SecondsFor = Callable[[int, int], float]
+
+
+def key_of(runner: Any) -> RecordKey:
+    """A text runner's calibration record (:class:`~worker.runners.text.TextRunner`): its model's config and
+    weights, what runs them, the device, dtype and thread count, and the CPU."""
+    import torch
+
+    graph = getattr(runner._model, "path", None)  # ONNX Runtime's graph (worker.runners.onnx_session.OrtModel)
+    runs: dict[str, Any] = {"runtime": getattr(runner, "runtime", f"torch {torch.__version__}"),
+                            "packed": runner._packer is not None and runner._length_grouping}
+    if isinstance(graph, Path):
+        stat = graph.stat()
+        runs["graph"] = [str(graph), stat.st_size, stat.st_mtime_ns]
+    device = runner.device
+    if device.startswith("cuda"):
+        device = f"{device} {torch.cuda.get_device_name(device)}"
+    spec = runner.spec
+    parts = {"model": model_digest(spec.path), "runner": f"{type(runner).__module__}.{type(runner).__qualname__}",
+             "runs": runs, "device": device, "dtype": runner.details.dtype, "threads": torch.get_num_threads(),
+             "cpu": cpu_identity(), "cores": os.cpu_count()}
+    return key_for(cache_dir(spec.onnx_cache), Path(spec.path).name, parts)
 
 
 def key_for(cache: Path, name: str, parts: Mapping[str, Any]) -> RecordKey:
@@ -56,7 +80,7 @@ def calibrated(key: RecordKey, seconds_for: SecondsFor) -> CostModel:
         return CostModel(float(record["overhead_tokens"]), float(record["seconds_per_token"]))
     log.info("start cache: %s was calibrated on a busier host (a short pass %.1f ms then, %.1f ms now); "
              "calibrating again", key.path, 1000 * float(record["short_seconds"]), 1000 * probe)
-    with start_cache.locked(key.path.with_suffix(".lock")):
+    with start_cache.holding(key):
         return _measured(key, seconds_for, "measured again: the host is quieter than when it was kept")
 
 

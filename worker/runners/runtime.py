@@ -25,6 +25,12 @@ The first graph that holds replaces the runner's model
 ``--quantize int8`` then tries ORT's int8 graph at the lower bar
 :data:`INT8_MIN_COSINE` and keeps the float32 graph, with a log line, where
 it falls short.
+
+The outcome is the model's *verdict*, kept in the start cache
+(:mod:`worker.runners.verdicts`).  :func:`load` looks for it before anything
+loads: a kept verdict serves its graph at once, with no torch model loaded,
+no export and no validation, and a kept refusal loads torch without trying
+again.  Only a start that finds none exports and validates.
 """
 
 from __future__ import annotations
@@ -116,16 +122,20 @@ def load(spec: ModelSpec, device: str, dtype: Any, runner_class: type) -> Any:
         if record is None:  # this worker decides, holding the verdict's lock
             return _decide(spec, device, dtype, runner_class, key)
         verdict = verdicts.from_record(record, key.cache)
+    if verdict.graph is None:
+        _on_torch(spec, f"{verdict.reason} (as decided at an earlier start: {key.path})", refused=True)
+        phases.note("verdict", f"from the cache, {key.path.name}")
+        return runner_class(spec, device, dtype)
+    ort_model = _kept_graph(verdict, head, spec, key)
+    if ort_model is None:
+        with start_cache.holding(key):
+            return _decide(spec, device, dtype, runner_class, key)
     phases.note("verdict", f"from the cache, {key.path.name}")
-    try:
-        return _from_verdict(spec, device, dtype, runner_class, verdict, key)
-    except Exception as exc:  # its graph does not load after all (ONNX Runtime's own errors): decide again
-        if verdict.graph is None:
-            raise
-        log.info("start cache: %s names a graph that does not load (%s: %s); working it out again", key.path,
-                 type(exc).__name__, _first_line(exc))
-    with start_cache.locked(key.path.with_suffix(".lock")):
-        return _decide(spec, device, dtype, runner_class, key)
+    if runner_class in (EmbeddingRunner, SequenceClassifier):
+        runner = runner_class(spec, device, dtype, model=ort_model)  # no torch model loads at all
+    else:  # a runner of the user's own, built as any runner is: its torch model loads, then steps aside
+        runner = runner_class(spec, device, dtype)
+    return _serving(runner, ort_model, spec, verdict, f"as validated at an earlier start: {key.path}")
 
 
 def _decide(spec: ModelSpec, device: str, dtype: Any, runner_class: type, key: start_cache.RecordKey) -> Any:
@@ -142,27 +152,23 @@ def _decide(spec: ModelSpec, device: str, dtype: Any, runner_class: type, key: s
     return _serving(runner, ort_model, spec, verdict, "validated now against torch")
 
 
-def _from_verdict(spec: ModelSpec, device: str, dtype: Any, runner_class: type, verdict: verdicts.Verdict,
-                  key: start_cache.RecordKey) -> Any:
-    """The runner a kept verdict gives: torch's, or ONNX Runtime's graph with no torch model loaded at all."""
-    if verdict.graph is None:
-        _on_torch(spec, f"{verdict.reason} (as decided at an earlier start: {key.path})", refused=True)
-        return runner_class(spec, device, dtype)
-    head = head_of(runner_class)
-    assert head is not None
+def _kept_graph(verdict: verdicts.Verdict, head: str, spec: ModelSpec, key: start_cache.RecordKey) -> Any:
+    """The graph a kept verdict names, in ONNX Runtime's sessions; None, with one log line, if it does not load
+    after all (a file damaged in place)."""
     with phases.phase("sessions"):
         import torch
         from transformers import AutoConfig
 
         from worker.runners.onnx_session import OrtModel
 
+        assert verdict.graph is not None
         config = AutoConfig.from_pretrained(spec.path)
-        ort_model = OrtModel(verdict.graph, verdict.inputs, head, config, torch.get_num_threads())
-    if runner_class in (EmbeddingRunner, SequenceClassifier):
-        runner = runner_class(spec, device, dtype, model=ort_model)
-    else:  # a runner of the user's own, built as any runner is: its torch model loads, then steps aside
-        runner = runner_class(spec, device, dtype)
-    return _serving(runner, ort_model, spec, verdict, f"as validated at an earlier start: {key.path}")
+        try:
+            return OrtModel(verdict.graph, verdict.inputs, head, config, torch.get_num_threads())
+        except Exception as exc:  # ONNX Runtime's own errors
+            log.info("start cache: %s names a graph that does not load (%s: %s); working it out again", key.path,
+                     type(exc).__name__, _first_line(exc))
+            return None
 
 
 def _serving(runner: Any, ort_model: Any, spec: ModelSpec, verdict: verdicts.Verdict, how: str) -> Any:

@@ -24,7 +24,8 @@ the cache folder (``--onnx-cache``): ``verdicts/NAME-HASH.json`` and
   a temporary file, never half a record.
 * **Cleared by deleting.**  Any record, any folder, or the whole cache may
   be deleted at any time, between starts or during one: the next start works
-  out what is missing.
+  out what is missing.  A cache that cannot be written (read-only, full)
+  keeps nothing, with one log line, and never stops a start.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def read(key: RecordKey, usable: Callable[[Record], str] = lambda record: "") ->
     """The record of ``key`` and ``""``, or None and why not (``""`` when there is none yet)."""
     try:
         text = key.path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None, ""
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror or exc})"
@@ -105,19 +106,52 @@ def read(key: RecordKey, usable: Callable[[Record], str] = lambda record: "") ->
 
 
 def write(key: RecordKey, record: Record) -> None:
-    """Write ``record`` (with its key's parts) as ``key``'s, atomically: a reader sees the old one or the new one."""
+    """Write ``record`` (with its key's parts) as ``key``'s, atomically: a reader sees the old one or the new one.
+    A cache that cannot be written (read-only, full) keeps nothing, with one log line: the start goes on."""
     folder = key.path.parent
-    folder.mkdir(parents=True, exist_ok=True)
     text = json.dumps({**record, PARTS: key.parts}, indent=1, sort_keys=True, default=str) + "\n"
-    fd, temporary = tempfile.mkstemp(prefix=f".{key.path.name}.", dir=folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{key.path.name}.", dir=folder)
+    except OSError as exc:
+        _cannot_keep(key, exc)
+        return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.replace(temporary, key.path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise
+        if not isinstance(exc, OSError):
+            raise
+        _cannot_keep(key, exc)
+
+
+@contextlib.contextmanager
+def holding(key: RecordKey) -> Iterator[bool]:
+    """``key``'s lock for the block (True); False, with one log line, where the cache cannot be written, so that
+    the start goes on without it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            key.path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(locked(key.path.with_suffix(".lock")))
+        except OSError as exc:
+            _cannot_keep(key, exc)
+            held = False
+        else:
+            held = True
+        yield held
+
+
+_cannot_write: set[Path] = set()  # folders this process found it cannot write: each said once
+
+
+def _cannot_keep(key: RecordKey, exc: OSError) -> None:
+    if key.path.parent not in _cannot_write:
+        _cannot_write.add(key.path.parent)
+        log.warning("start cache: %s cannot be written (%s); this worker keeps nothing there", key.path.parent,
+                    exc.strerror or exc)
 
 
 @contextlib.contextmanager
@@ -132,8 +166,7 @@ def once(key: RecordKey, usable: Callable[[Record], str] = lambda record: "") ->
     if record is not None:
         yield record
         return
-    key.path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(key.path.with_suffix(".lock")):
+    with holding(key):
         record, problem = read(key, usable)  # another worker may have written it while this one waited
         if problem:
             log.info("start cache: %s %s; working it out again", key.path, problem)

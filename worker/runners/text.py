@@ -37,20 +37,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from worker.runners import calibrations
-from worker.runners.device import cpu_identity
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
-from worker.runners.onnx_export import cache_dir, model_digest
 from worker.runners.operations import decode_ids
 from worker.runners.packing import PackedBert
 from worker.runners.phases import phase
@@ -65,7 +61,6 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
-from worker.runners.start_cache import RecordKey
 from zbatch.protocol.vocabulary import PROMPT_NAME
 
 log = logging.getLogger("zbatch.worker")
@@ -232,7 +227,7 @@ class TextRunner:
         self.run([self.warm_up_input], {})
         self._warm_shapes(self._eager_shapes())
         with phase("calibration"):
-            self.cost_model = calibrations.calibrated(self._calibration_key(), self._seconds_for)
+            self.cost_model = calibrations.calibrated(calibrations.key_of(self), self._seconds_for)
 
     def _eager_shapes(self) -> list[tuple[int, int]]:
         """The bucket shapes serving runs through the model's own forward pass (on a CPU, none: no buckets)."""
@@ -249,24 +244,6 @@ class TextRunner:
         log.info("model %s: %d shapes (up to %d rows of %d tokens) warmed up on %s in %.1f s", self.spec.name,
                  len(shapes), self.buckets.max_rows, self.buckets.max_length, self.device,
                  time.perf_counter() - started)
-
-    def _calibration_key(self) -> RecordKey:
-        """What this runner's calibration depends on (:func:`worker.runners.calibrations.key_for`)."""
-        import torch
-
-        graph = getattr(self._model, "path", None)  # ONNX Runtime's graph (worker.runners.onnx_session.OrtModel)
-        runs: dict[str, Any] = {"runtime": getattr(self, "runtime", f"torch {torch.__version__}"),
-                                "packed": self._packer is not None and self._length_grouping}
-        if isinstance(graph, Path):
-            stat = graph.stat()
-            runs["graph"] = [str(graph), stat.st_size, stat.st_mtime_ns]
-        device = self.device
-        if device.startswith("cuda"):
-            device = f"{device} {torch.cuda.get_device_name(device)}"
-        parts = {"model": model_digest(self.spec.path), "runner": f"{type(self).__module__}.{type(self).__qualname__}",
-                 "runs": runs, "device": device, "dtype": self.details.dtype, "threads": torch.get_num_threads(),
-                 "cpu": cpu_identity(), "cores": os.cpu_count()}
-        return calibrations.key_for(cache_dir(self.spec.onnx_cache), Path(self.spec.path).name, parts)
 
     def tokenize(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
         """Each text's tokens (``tokenize``), its prompt's included where the runner takes prompts."""
