@@ -17,10 +17,10 @@ Theory of operation
 exports the runner's model once (:mod:`worker.runners.onnx_export`, cached),
 and validates each graph the export wrote, the fused one first, against the
 torch model on :data:`SAMPLES` run as one padded batch and each alone
-(unpadded): every input's output (the embedding, pooled as the model
-declares it, or the logits) must
-agree with torch's at cosine ≥ :data:`MIN_COSINE`; a single number (a
-cross-encoder's score) must agree to within ``1 - MIN_COSINE`` of its size.
+(unpadded): every input's output (the embedding, pooled as the model declares
+it, or the logits) must agree with torch's at cosine ≥ :data:`MIN_COSINE`; a
+single number (a cross-encoder's score) must agree to within
+``1 - MIN_COSINE`` of its size.
 The first graph that holds replaces the runner's model
 (:class:`~worker.runners.onnx_session.OrtModel`); the torch model is dropped.
 ``--quantize int8`` then tries ORT's int8 graph at the lower bar
