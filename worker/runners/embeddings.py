@@ -51,8 +51,8 @@ class EmbeddingRunner(TextRunner):
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
+        model = AutoModel.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
         super().__init__(spec, device, tokenizer, model, _max_length(spec.path, tokenizer, model.config))
         self._packer = packer_for(model, device)
         use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
