@@ -10,6 +10,12 @@ while requests go on with what is known.  Only a model not in the catalog
 waits for a refresh (for at most :data:`MISS_WAIT_S`), at most one every
 :data:`RETRY_S`, so a flood of requests for unknown names costs the brokers
 one STATS per interval.
+
+It also gives the default model of a gateway whose settings name none
+(``default_model``, else the first of ``models``): the one model a worker
+serves (:func:`followed_default`), so that ``POST /``, TEI's routes and
+``/readyz`` follow the model the workers were started with, wherever it was
+set.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import pytest
 
 from tests.daemons import Daemon, free_port, http_json, http_status, spawn, wait_until
 from tests.hub import COMMIT, MODEL_ID, TAG, cache_env
-from zbatch.hub import CONFIG_EXIT_CODE
+from zbatch.hub import CONFIG_EXIT_CODE, bundled_model_path
 from zbatch.testing import ROOT, START_TIMEOUT_S, daemon_env, endpoint
 
 SERVE_EXTRAS = "worker,onnx,grpc"  # scripts/serve's ensure_venv
@@ -123,6 +123,35 @@ def test_the_tag_is_resolved_once_and_every_worker_loads_its_commit(served: Daem
                      rf"\(revision {COMMIT}\), from the Hugging Face cache: ", log), log
 
 
+def test_a_sigterm_stops_the_stack(served: Daemon) -> None:
+    """Last: the shared stack stops cleanly (scripts/serve execs zbatch serve, so the signal is its)."""
+    served.signal(signal.SIGTERM)
+    assert served.process.wait(120) == 0, log_of(served)
+
+
+def test_a_model_only_the_workers_know_is_followed_by_the_gateway(tmp_path: Path) -> None:
+    """Issue 39 as it was found: ZBATCH_MODEL_PATH=/models/my-model zbatch serve.  zbatch serve knows no model,
+    the workers serve my-model, and the gateway, whose settings name none, follows it: the printed curl answers
+    and /readyz is 200."""
+    folder = tmp_path / "my-model"
+    folder.symlink_to(bundled_model_path(), target_is_directory=True)
+    port = free_port()
+    daemon = spawn("zbatch", "zbatch-serve", tmp_path, "serve", env={"ZBATCH_MODEL_PATH": str(folder)},
+                   interpreter=None, port=port, frontend=endpoint(), backend=endpoint(), processes=1, workers=1)
+    try:
+        def serving() -> re.Match[str] | None:
+            daemon.check()
+            return re.search(r"serving on http://\S+; try: (curl .*)$", log_of(daemon), re.MULTILINE)
+
+        printed = wait_until(serving, START_TIMEOUT_S, "the stack to serve", daemon.log)
+        done = subprocess.run(shlex.split(printed.group(1)), capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and len(json.loads(done.stdout)) == 384, done
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        assert http_json(f"http://127.0.0.1:{port}/info")[2]["model_id"] == "my-model"
+    finally:
+        assert daemon.stop(120) == 0, log_of(daemon)
+
+
 # ------------------------------------------------------------------------------------------- failures
 
 
@@ -158,9 +187,3 @@ def test_a_model_only_the_workers_know_stops_the_stack_instead_of_restarting_the
                      r"everything: exit status 78 is a worker's answer to a model it cannot get", log), log
     assert log.count("started worker-0") == 1 and "restarting in" not in log
     assert re.search(r"zbatch.serve: zbatch-serve stopped with status 78", log), log
-
-
-def test_a_sigterm_stops_the_stack(served: Daemon) -> None:
-    """Last: the shared stack stops cleanly (scripts/serve execs zbatch serve, so the signal is its)."""
-    served.signal(signal.SIGTERM)
-    assert served.process.wait(120) == 0, log_of(served)

@@ -48,8 +48,9 @@ The rules, modelled on systemd's:
   :data:`FORCE_GRACE_S` is killed.
 
 Exit codes of the supervisor: 0 after a stop the operator asked for, 2 after
-bad settings, 78 after a model that cannot be had, the unit's own status after a ``fail_fast`` failure, and
-128 + the signal's number after a stop at once.
+bad settings, 78 after a model that cannot be had, the unit's own status
+after a ``fail_fast`` failure, and 128 + the signal's number after a stop at
+once.
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ class Supervision:
             state.phase = Phase.FAILED
             return Exited(name, status, ran_s, expected=False, exits_in_a_row=state.exits_in_a_row,
                           watchdog=watchdog, given_up=CANNOT_HELP[CONFIG_EXIT_CODE])
-        if status in CANNOT_HELP and (status == CONFIG_EXIT_CODE or not state.ever_ready):
+        if status == CONFIG_EXIT_CODE or (status == BAD_SETTINGS_EXIT and not state.ever_ready):
             fatal = CANNOT_HELP[status]
             self._final_code = int(status)
         elif self.fail_fast and not self.stack_served:

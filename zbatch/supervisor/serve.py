@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from zbatch.hub import CONFIG_EXIT_CODE, Fetched, ModelUnavailable, fetch
+from zbatch.hub import CONFIG_EXIT_CODE, Fetched, ModelUnavailable, fetch, is_hub_id
 from zbatch.runtime.logs import setup_logging
 from zbatch.supervisor.config import ServeConfig, load_config
 from zbatch.supervisor.policy import Backoff, Supervision
@@ -64,9 +64,10 @@ def fetch_model(config: ServeConfig) -> Fetched | None:
     anything starts."""
     if not config.model and not config.revision:
         return None
-    at = f" at revision {config.revision}" if config.revision else ""
-    log.info("model %s%s: looking in the Hugging Face cache, or downloading it once for every worker",
-             config.model or "(bundled)", at)
+    if is_hub_id(config.model):
+        at = f" at revision {config.revision}" if config.revision else ""
+        log.info("model %s%s: looking in the Hugging Face cache, or downloading it once for every worker",
+                 config.model, at)
     try:
         fetched = fetch(config.model, config.revision, progress=sys.stderr.isatty())
     except ModelUnavailable as exc:
