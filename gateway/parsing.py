@@ -151,14 +151,19 @@ def check_limits(config: GatewayConfig, model: str, items: int, texts: Iterable[
     ``items``: how many inputs; ``texts``: every text in them (both of a pair; none for images, which
     the body size bounds).
     """
+    check_inputs(config, items, texts)
+    if not 1 <= len(model) <= MAX_NAME_CHARS:
+        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
+
+
+def check_inputs(config: GatewayConfig, items: int, texts: Iterable[str] = ()) -> None:
+    """Refuse more inputs or longer texts than this gateway takes (as :func:`check_limits`, without a model)."""
     if items > config.max_inputs:
         raise ApiError("too_many_inputs", f"{items} inputs; the limit is {config.max_inputs} per request: split it")
     longest = max(map(len, texts), default=0)
     if longest > config.max_input_chars:
         raise ApiError("input_too_long",
                        f"an input has {longest} characters; the limit is {config.max_input_chars}")
-    if not 1 <= len(model) <= MAX_NAME_CHARS:
-        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
 
 
 def request_timeout_ms(request: web.Request) -> int | None:

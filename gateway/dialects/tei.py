@@ -30,7 +30,7 @@ import numpy as np
 from aiohttp import web
 
 from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import ModelInfo, fleet_stats
+from gateway.catalog import ModelInfo, default_model, fleet_stats
 from gateway.config import GatewayConfig
 from gateway.dialects import Dialect
 from gateway.errors import ERRORS as CODES
@@ -90,14 +90,14 @@ ERRORS = ErrorShape("TEIError", object_schema(["error", "error_type"], {
     error_answer, lambda error: tei_status(error)[0])
 
 
-def route_model(request: web.Request) -> str:
-    """The model behind this TEI route."""
-    return request.app[CONFIG].tei_models[request.path]
+async def route_model(request: web.Request) -> str:
+    """The model behind this TEI route: its setting's, else the one model the brokers serve."""
+    return await default_model(request, request.app[CONFIG].tei_models[request.path])
 
 
 async def checked_model(request: web.Request, call: Call, needed: set[str] | frozenset[str]) -> str:
     """The route's model, after refusing one known to do another task (424, naming the setting)."""
-    model = route_model(request)
+    model = await route_model(request)
     require_task(model, await call.task_of(model), needed, request.path, SETTINGS.get(request.path, MAIN_SETTING))
     return model
 
@@ -242,7 +242,7 @@ async def post_similarity(request: web.Request) -> web.Response:
 
 async def text_model(request: web.Request, call: Call) -> str:
     """The route's model, which must take text (it has a tokenizer)."""
-    model = route_model(request)
+    model = await route_model(request)
     if not is_text_task(await call.task_of(model)):
         raise ApiError("wrong_task", f"{request.path} needs a text model, but {model!r} takes images; point "
                                      f"{MAIN_SETTING} at a text model")
@@ -312,7 +312,7 @@ async def info(request: web.Request) -> web.Response:
     ``max_batch_requests`` is the model's batch size on its worker, ``max_batch_tokens`` that times
     its longest input, ``tokenization_workers`` the workers serving it.
     """
-    model = route_model(request)
+    model = await route_model(request)
     found = await request.app[CATALOG].lookup(request.app[CLIENT], model)
     if found is None:
         raise ApiError("unknown_model", f"no broker knows {model!r}, the model of TEI's routes "
@@ -331,7 +331,7 @@ async def info(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 with no body while a worker serves the TEI model, else 503 ``Unhealthy``."""
-    model = route_model(request)
+    model = await route_model(request)
     figures = (await fleet_stats(request)).get("models", {}).get(model)
     if not figures or figures.get("workers", 0) < 1:
         raise ApiError("no_worker", f"no worker serves {model!r}, the model of TEI's routes ({MAIN_SETTING})")

@@ -14,13 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from gateway.appkeys import CLIENT, CONFIG
-from gateway.catalog import fleet_stats, readiness
+from gateway.catalog import default_model, fleet_stats, readiness
 from gateway.config import GatewayConfig
 from gateway.dialects import Dialect
 from gateway.errors import ApiError
 from gateway.inference import call_of, run, with_tokens
 from gateway.openapi_parts import BROKER_QUERY_ERRORS, answer, get, inference
-from gateway.parsing import TEXT_TYPES, decode_text, read_body
+from gateway.parsing import TEXT_TYPES, check_inputs, decode_text, read_body
 from gateway.responses import json_response, jsonable, models_listing
 
 READY_PROBE_TIMEOUT_MS = 1000
@@ -29,7 +29,9 @@ READY_PROBE_TIMEOUT_MS = 1000
 async def post_text(request: web.Request) -> web.Response:
     """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``."""
     text = decode_text(await read_body(request, TEXT_TYPES, optional=True), request.charset)
-    result = await run(call_of(request), request.app[CONFIG].default_model, [text], {})
+    config = request.app[CONFIG]
+    check_inputs(config, 1, [text])  # the caller's mistake first, then which model the gateway follows
+    result = await run(call_of(request), await default_model(request, config.named_default_model), [text], {})
     return with_tokens(json_response(result.outputs[0]), result)
 
 
@@ -73,7 +75,7 @@ async def get_stats(request: web.Request) -> web.Response:
 
 def answers(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
     """``POST /`` answers the default model, whatever its task."""
-    return ["POST /"] if config is not None and model == config.default_model else []
+    return ["POST /"] if config is not None and model == config.named_default_model else []
 
 
 ANY_OUTPUT = {"description": "The model's output for one input: for the embeddings task an array of floats"}

@@ -275,9 +275,11 @@ def http_status_of(url: str) -> int:
 
 @pytest.fixture(scope="module")
 def plain_gateway(served: Daemons) -> str:
-    """A second gateway, whose TEI routes all use the default (embeddings) model."""
+    """A second gateway, whose TEI routes all use its default model, the embeddings model (named: the workers
+    serve several)."""
     broker = served["broker"]
-    return served.add(start_http("gateway", "gateway-plain", served.log_dir, frontend=broker.frontend)).url
+    return served.add(start_http("gateway", "gateway-plain", served.log_dir, frontend=broker.frontend,
+                                 default_model=MODEL)).url
 
 
 def test_tei_errors_use_teis_shape_and_statuses(url: str, plain_gateway: str) -> None:

@@ -67,8 +67,9 @@ class SequenceClassifier(TextRunner):
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        model = AutoModelForSequenceClassification.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
+        model = AutoModelForSequenceClassification.from_pretrained(spec.path, **spec.pretrained)
+        model = model.to(device=device, dtype=dtype).eval()
         self.rerank = spec.task == RERANK_TASK
         if self.rerank and model.config.num_labels != 1:
             raise ValueError(f"model {spec.name!r}: rerank needs a cross-encoder with one output (num_labels 1); "

@@ -62,10 +62,10 @@ class EmbeddingRunner(TextRunner):
         from transformers import AutoModel, AutoTokenizer
 
         modules = read_modules(spec.path)  # before the model loads: a module zbatch cannot run stops the start
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
         if modules.do_lower_case:
             _lowercased(tokenizer)
-        model = AutoModel.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        model = AutoModel.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
         super().__init__(spec, device, tokenizer, model, _max_length(modules, tokenizer, model.config))
         self.head = SentenceHead(modules, int(model.config.hidden_size), device)
         self._prompt_lengths = ({prefix: prompt_tokens(tokenizer, prefix, self.max_length)
