@@ -113,4 +113,4 @@ def metadata_response(metadata: Mapping[str, Any]) -> pb.ModelMetadataResponse:
 
 def config_response(config: Mapping[str, Any]) -> triton.ModelConfigResponse:
     """``ModelConfigResponse`` from the configuration in Triton's JSON form (gateway/model_config.py)."""
-    return triton.ModelConfigResponse(config=json_format.ParseDict(config, triton.ModelConfig()))
+    return triton.ModelConfigResponse(config=json_format.ParseDict(dict(config), triton.ModelConfig()))
