@@ -27,7 +27,8 @@ READY_PROBE_TIMEOUT_MS = 1000
 
 
 async def post_text(request: web.Request) -> web.Response:
-    """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``."""
+    """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``.  JSON is TEI's root,
+    which the TEI dialect claims (gateway/dialects/tei.py)."""
     text = decode_text(await read_body(request, TEXT_TYPES, optional=True), request.charset)
     config = request.app[CONFIG]
     check_inputs(config, 1, [text])  # the caller's mistake first, then which model the gateway follows
@@ -101,8 +102,13 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 PATHS: dict[str, Any] = {
-    "/": inference("Run the default model on the raw body (curl -d)",
-                   {"text/plain": {"schema": {"type": "string", "minLength": 1}, "example": "hello world"}},
+    "/": inference("Run the default model on the raw body (curl -d); JSON is TEI's root, as TEI's router mounts "
+                   "it: the TEI route of the default model's task answers it (/embed, /embed_sparse, /rerank or "
+                   "/predict), in TEI's shapes, errors and statuses",
+                   {"text/plain": {"schema": {"type": "string", "minLength": 1}, "example": "hello world"},
+                    "application/json": {"schema": {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name in
+                                                              ("EmbedRequest", "RerankRequest", "PredictRequest")]},
+                                         "example": {"inputs": "hello world"}}},
                    answer("The default model's output", ANY_OUTPUT, tokens=True)),
     "/healthz": get("Liveness: the gateway process answers", answer("Up", {"$ref": "#/components/schemas/Status"})),
     "/readyz": get("Readiness: a broker answers, is not draining and has a worker for every required model "
