@@ -140,12 +140,17 @@ def strings(value: Any, field: str, config: GatewayConfig) -> tuple[list[str], b
     return texts, single
 
 
-async def embedded(request: web.Request, options: tuple[str, ...], needed: str,
-                   operation: str = v.RUN) -> tuple[Result, list[str]]:
-    """Run an embedding route's ``inputs`` with its ``options`` through the route's model."""
+async def embedded(request: web.Request, options: tuple[str, ...], needed: str, operation: str = v.RUN,
+                   normalize_by_default: bool = False) -> tuple[Result, list[str]]:
+    """Run an embedding route's ``inputs`` with its ``options`` through the route's model.
+
+    ``normalize_by_default``: TEI's ``/embed`` normalizes unless told ``"normalize": false``, whatever the model's
+    modules declare (the workers' default is the model's own), so the route says so when the body does not."""
     body = await read_json(request)
     texts, _ = strings(body.get("inputs"), "inputs", request.app[CONFIG])
     parameters = model_options(body, (*options, *TRUNCATION_OPTIONS, v.PROMPT_NAME))
+    if normalize_by_default:
+        parameters.setdefault(v.NORMALIZE, True)
     call = call_of(request)
     model = await checked_model(request, call, {needed})
     return await run(call, model, texts, parameters, operation=operation), texts
@@ -154,7 +159,7 @@ async def embedded(request: web.Request, options: tuple[str, ...], needed: str,
 async def embed(request: web.Request) -> web.Response:
     """``POST /embed``: ``{"inputs", "normalize", "dimensions", "truncate", "truncation_direction", "prompt_name"}``
     -> one vector per input, always a list of vectors."""
-    result, texts = await embedded(request, (v.NORMALIZE, v.DIMENSIONS), v.EMBEDDINGS)
+    result, texts = await embedded(request, (v.NORMALIZE, v.DIMENSIONS), v.EMBEDDINGS, normalize_by_default=True)
     return tei_answer(result.outputs, result, texts)
 
 
@@ -305,7 +310,7 @@ ROOT_ROUTES = {v.EMBEDDINGS: embed, v.SPARSE_EMBEDDINGS: embed_sparse, v.RERANK:
 async def root(request: web.Request) -> web.StreamResponse:
     """``POST /`` with JSON: TEI's root, answered by the TEI route of the root model's task; a model whose task
     is not known yet is taken for an embeddings model, as TEI's ``{"inputs"}`` is most often an embed."""
-    model = route_model(request)
+    model = await route_model(request)
     task = await call_of(request).task_of(model)
     handler = ROOT_ROUTES.get(task or v.EMBEDDINGS)
     if handler is None:

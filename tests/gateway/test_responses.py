@@ -68,7 +68,7 @@ def test_models_listing_groups_workers_by_model() -> None:
         "huggingface": ["POST /models/echo", "POST /models/echo (sentence-similarity)"],
         "kserve": ["POST /v2/models/echo/infer"], "openai": ["POST /v1/embeddings"],
         "tei": ["POST /embed", "POST /embed_all", "POST /similarity", "POST /tokenize", "POST /decode", "GET /info",
-                "GET /health"]}
+                "GET /health", "POST /"]}
     assert listing[1] == {"name": "idle", "task": None, "workers": [], "stats": STATS["models"]["idle"],
                           "dialects": {"huggingface": ["POST /models/idle"],
                                        "kserve": ["POST /v2/models/idle/infer"]}}

@@ -93,3 +93,15 @@ def test_models_listing_names_teis_root_for_the_default_model() -> None:
     listing = call(root_stub("embeddings"), "GET", "/models").body
     (model,) = listing["models"]
     assert model["dialects"]["tei"][-1] == "POST /" and model["dialects"]["zbatch"] == ["POST /"]
+
+
+@pytest.mark.parametrize(("body", "normalize"),
+                         [(b'{"inputs": "x"}', True), (b'{"inputs": "x", "normalize": false}', False)])
+def test_teis_embed_normalizes_unless_told_not_to_whatever_the_model_declares(body: bytes, normalize: bool) -> None:
+    """TEI's /embed (and its root) default ``normalize`` to true; the workers' default is the model's own
+    modules (a model without Normalize answers raw vectors), so the dialect states TEI's default."""
+    for path in ("/", "/embed"):
+        stub = root_stub("embeddings")
+        answer = call(stub, "POST", path, body=body, headers=JSON)
+        assert answer.status == 200, answer
+        assert stub.calls[0]["parameters"]["normalize"] is normalize
