@@ -99,12 +99,18 @@ def client_saturated(unanswered: int, limit: int) -> Refusal | None:
                       "connection; wait for some answers, or open another connection")
 
 
+def bytes_fit(request: Request, model: ModelState, limits: ModelLimits, reserve: float) -> bool:
+    """Whether the payload bytes held for the model (waiting or on workers) stay within the bound of the
+    request's priority with its payload: the one bound credit does not keep, since credit counts items."""
+    return model.held_bytes + len(request.payload) <= share(limits.max_backlog_bytes, request.priority, reserve)
+
+
 def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserve: float) -> Refusal | None:
     """The model's waiting items, or the payload bytes held for it (waiting or on workers), would pass the
     bounds of the request's priority."""
     items = share(limits.max_backlog, request.priority, reserve)
     size = share(limits.max_backlog_bytes, request.priority, reserve)
-    if model.backlog_items + request.items <= items and model.held_bytes + len(request.payload) <= size:
+    if model.backlog_items + request.items <= items and bytes_fit(request, model, limits, reserve):
         return None
     excess = max(model.backlog_items + request.items - items, 0)
     retry_ms = RETRY_AFTER_MS if model.rate is None or not excess else retry_after(excess / model.rate)
@@ -114,8 +120,9 @@ def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserv
 
 
 def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits, reserve: float,
-             headroom: float, now: float) -> Refusal | None:
-    """The time rule (see the module's docstring); with no rate measured yet, the cold count."""
+             headroom: float, now: float, heartbeat_ms: int) -> Refusal | None:
+    """The time rule (see the module's docstring); with no established rate yet, the cold count, whose
+    refusals hold for one heartbeat interval (``heartbeat_ms``), when the evidence may have grown."""
     ahead = model.ahead_of(request.priority)
     if not ahead:
         return None
@@ -124,9 +131,9 @@ def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: Model
         cold = share(limits.cold_backlog, request.priority, reserve)
         if model.backlog_items + request.items <= cold:
             return None
-        return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no measured "
+        return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no established "
                           f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
-                          "items waiting; retry later")
+                          "items waiting; retry later", heartbeat_ms)
     wait_s = (ahead + request.items) / rate + model.lateness.now(now)  # ModelState.predicted_wait_s, inlined
     allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve, headroom)
     if wait_s <= allowed_s:

@@ -344,10 +344,13 @@ class BrokerCore:
             return refusal
         if model is None:  # a model no worker has announced yet, within the grace: it waits for one
             return None
-        if (refusal := admission.memory_full(request, model, limits, reserve)) is not None:
-            return refusal
-        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve,
-                                  self.config.deadline_headroom, now)
+        refusal = admission.memory_full(request, model, limits, reserve) or admission.too_slow(
+            request, model, self._timeout_ms(request), limits, reserve, self.config.deadline_headroom, now,
+            self.config.heartbeat_ms)
+        if (refusal is not None and model.room_for(request.items, request.priority)
+                and admission.bytes_fit(request, model, limits, reserve)):
+            return None  # work-conserving: a worker has credit for it and nothing ahead of it waits
+        return refusal
 
     def _timeout_ms(self, request: Request) -> int:
         """The request's deadline from now: its own, or the model's default, at most the model's longest."""
@@ -424,6 +427,7 @@ class BrokerCore:
             model.workerless_since = None
             self._workerless.pop(name, None)
             model.workers[identity] = worker
+            model.measure_rate()  # it counts at the mean of the measured workers from now on
         for name in worker.models:
             self._dispatch(self.models[name])
 
@@ -537,6 +541,7 @@ class BrokerCore:
         its retry budget untouched, and this worker gets no more than it holds until it announces its share."""
         worker.declined += 1
         worker.capacity = min(worker.capacity, worker.in_flight_items)
+        self._measure_rates(worker)  # a share of 0 takes no work: it counts for nothing
         if log.isEnabledFor(logging.DEBUG):
             log.debug("worker %s declined job %s: full", worker.ready.name, job.job_id.hex(),
                       extra={"request_id": job.trace})
@@ -618,13 +623,16 @@ class BrokerCore:
         if self.unanswered[job.client] <= 0:
             del self.unanswered[job.client]
         model = self.models[job.model]
-        if job.waiting:
+        was_waiting = job.waiting
+        if was_waiting:
             model.forget_waiting(job)
             model.note_backlog(self.clock())
         if job.worker is None:
             self._forget(job)
         else:
             self._drop_payload(job)  # never dispatched again: answered jobs are not retried
+        if was_waiting:
+            self._dispatch(model)  # it may have been the head that no worker had room for
 
     # ------------------------------------------------------------ utilities
 

@@ -34,9 +34,23 @@ actually gets.
 
 The first heartbeat of a registration only sets the baseline: what the
 worker ran before this broker knew it (its warm-up, another broker's work)
-says nothing of the work it does for this one.  A rate is known from the
-second heartbeat that shows work, about one heartbeat interval into a
-model's first load; until then admission counts items (:mod:`broker.admission`).
+says nothing of the work it does for this one.
+
+**Evidence.**  A measurement is a ratio from the second heartbeat that
+shows work on, but a rate may refuse requests (beyond the cold count of
+:mod:`broker.admission`) only once it is **established**: built from at
+least ``MIN_INTERVALS`` heartbeat intervals that showed work, holding at
+least ``MIN_BATCHES`` batches or ``MIN_BUSY_S`` seconds of them.  One
+interval, or a few batches, is one sample of a worker's first moments: a
+first batch that ran slow (a shape its warm-up missed, a device that
+idled) once made a single batch of five items the whole rate, 4.5 items/s
+for a worker of thousands, and a 112 s predicted wait of half a second of
+work (tests/broker/test_cold_start.py).  Several batches over two
+intervals outweigh one such batch; a model slow enough to run fewer
+batches is established by their busy time instead.  Until then the
+estimate is **weak**: admission counts items, as before any measurement,
+and a refusal's ``retry_after`` is one heartbeat interval, when the
+evidence may have grown.
 
 What the rate does not see (the batch a request waits to join, the hops to
 and from the worker, a change of pace since the last heartbeat) makes
@@ -57,6 +71,9 @@ WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
 LATENESS_WINDOW_S = 30.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
 MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
+MIN_INTERVALS = 2  # heartbeat intervals showing work before a rate may refuse
+MIN_BATCHES = 8  # and batches in them, or
+MIN_BUSY_S = 2.0  # seconds of their busy time (a slow model's few long batches)
 
 
 @dataclass(slots=True)
@@ -72,6 +89,9 @@ class ServiceRate:
     answered: int = 0  # items of this broker's ok replies since the last heartbeat
     baseline: BatchCounters | None = None  # the counters of the last heartbeat
     at: float = 0.0  # when the last heartbeat came
+    intervals: int = 0  # heartbeat intervals that showed work, counted up to MIN_INTERVALS
+    batches: int = 0  # the batches they held, counted up to MIN_BATCHES
+    busy_s: float = 0.0  # and their busy time, counted up to MIN_BUSY_S
 
     def answered_ok(self, items: int) -> None:
         self.answered += items
@@ -98,6 +118,15 @@ class ServiceRate:
         self.saturated_batches = self.saturated_batches * fade + batches
         self.saturated_s = self.saturated_s * fade + saturated_s
         self.mine = self.mine * fade + answered
+        if items > 0:
+            self.intervals = min(MIN_INTERVALS, self.intervals + 1)
+            self.batches = min(MIN_BATCHES, self.batches + max(0, counters.batches - last.batches))
+            self.busy_s = min(MIN_BUSY_S, self.busy_s + busy_s)
+
+    @property
+    def established(self) -> bool:
+        """Whether the measurement is evidence enough to refuse with (the module's docstring)."""
+        return self.intervals >= MIN_INTERVALS and (self.batches >= MIN_BATCHES or self.busy_s >= MIN_BUSY_S)
 
     def per_second(self, shared: bool) -> float | None:
         """Items per second this broker can count on, or None before there is a measurement.
