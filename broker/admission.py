@@ -1,7 +1,12 @@
 """Admission: whether the broker takes a request, in the order of PROTOCOL.md section 6.1.
 
 Pure functions of the request, the model's state and the limits; the core
-calls them for every REQUEST and answers the refusal they return.
+calls them for every REQUEST and answers the refusal they return, except
+where the invariant of 6.1 overrules them (:meth:`broker.core.BrokerCore._refusal`):
+no refusal for load (:func:`memory_full`, :func:`too_slow`) stands while a
+worker of the model has credit for the request and nothing of its priority
+or higher waits (:meth:`broker.state.ModelState.room_for`), unless the
+payload bytes held for the model would pass their bound (:func:`bytes_fit`).
 
 The rule is in units of time.  A request is refused only when the broker
 predicts it would not be answered within its own deadline (or within the
@@ -30,9 +35,11 @@ model's ``max_queue_ms``, if set)::
 * A model with nothing ahead admits any request: a wait that is only the
   request's own work is what it asked for, and the prediction is not worth a
   refusal there.  So an ``overloaded`` can always turn into an admission.
-* Before any worker has measured a rate (a model's first second or so of
-  work, or workers that do not report busy time), admission counts instead:
-  at most ``cold_backlog`` items waiting (at normal priority).
+* The rate counts only established measurements (:mod:`broker.rates`):
+  before any worker has one (a model's first two seconds or so of work, or
+  workers that do not report busy time), the estimate is weak and admission
+  counts instead: at most ``cold_backlog`` items waiting (at normal
+  priority), and a refusal's ``retry_after_ms`` is one heartbeat interval.
 
 Items and payload bytes stay bounded too (``max_backlog``,
 ``max_backlog_bytes``): those bound the broker's memory, with defaults
@@ -51,7 +58,7 @@ from broker.limits import ModelLimits
 from broker.state import ModelState
 from zbatch.protocol.wire import LOW_PRIORITY, MAX_RETRY_AFTER_MS, NORMAL_PRIORITY, Request, Status
 
-RETRY_AFTER_MS = 1_000  # the hint of an "overloaded" that no rate can time: draining, a full connection, a cold model
+RETRY_AFTER_MS = 1_000  # the hint of an "overloaded" that no rate can time: draining, a full connection
 MAX_MODELS_NAMED = 10  # an "unknown model" answer lists at most this many known models
 
 

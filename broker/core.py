@@ -34,7 +34,21 @@ says nothing about the input: the job is retried while the budget lasts.
 Shedding is decided first, at admission (:mod:`broker.admission`), in units
 of time: a request is refused when the work ahead of it, at the service rate
 its model's workers measure (:mod:`broker.rates`), would pass its deadline;
-items and payload bytes are counted too, as bounds on memory.
+items and payload bytes are counted too, as bounds on memory.  Admission and
+dispatch are **work-conserving** (PROTOCOL.md 6.1)::
+
+    No request is refused for load while a worker of its model has free credit
+    for it and nothing of its priority or higher waits at the broker.
+
+Whatever rule would refuse a request for load first asks the model whether
+it would be dispatched at once (``ModelState.room_for``), and admits it if
+so; the payload bytes held for the model are the one bound that still
+refuses then, since credit counts items.  Dispatch keeps the other half:
+after every event that frees credit or changes the head of a backlog (a
+reply, a registration, a share, a death, a waiting request answered or
+cancelled) the head goes to a worker that can take it, so nothing waits
+that a worker could take.  tests/broker/test_work_conserving.py holds the
+core to both through random sequences of events.
 Credit is counted in items: a worker announces its capacity in READY, each
 dispatched request takes its items, each REPLY gives them back.  A request
 that is answered early (deadline, cancel) keeps its worker's credit until

@@ -43,14 +43,15 @@ least ``MIN_INTERVALS`` heartbeat intervals that showed work, holding at
 least ``MIN_BATCHES`` batches or ``MIN_BUSY_S`` seconds of them.  One
 interval, or a few batches, is one sample of a worker's first moments: a
 first batch that ran slow (a shape its warm-up missed, a device that
-idled) once made a single batch of five items the whole rate, 4.5 items/s
-for a worker of thousands, and a 112 s predicted wait of half a second of
-work (tests/broker/test_cold_start.py).  Several batches over two
-intervals outweigh one such batch; a model slow enough to run fewer
-batches is established by their busy time instead.  Until then the
-estimate is **weak**: admission counts items, as before any measurement,
-and a refusal's ``retry_after`` is one heartbeat interval, when the
-evidence may have grown.
+idled) once made a single batch of a few items the whole rate, a
+thousandth of the worker's, and a predicted wait of minutes out of a
+fraction of a second of work (tests/broker/test_cold_start.py).
+Several batches over two intervals outweigh one such batch; a model slow
+enough to run fewer batches is established by their busy time instead.
+Until then the estimate is **weak**: admission counts items, as before any
+measurement, and a refusal's ``retry_after`` is one heartbeat interval,
+when the evidence may have grown.  A worker whose own rate is not
+established counts at the mean of those that are (:meth:`broker.state.ModelState.measure_rate`).
 
 What the rate does not see (the batch a request waits to join, the hops to
 and from the worker, a change of pace since the last heartbeat) makes
