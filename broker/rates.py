@@ -30,7 +30,11 @@ items it ran (the items of this broker's ``ok`` replies over the worker's
 items), so that each broker counts only the part of the worker it gets.
 That part is measured: while this broker sends little it is small and the
 rate conservative; under this broker's overload it is the part this broker
-actually gets.
+actually gets.  It follows the other brokers within a few seconds of work
+(``PART_WINDOW_S``), faster than the rate itself: when another broker dies
+its part comes to this one as soon as the worker gives it up (PROTOCOL.md
+6.6), and a broker that comes back takes its part again at once, so neither
+the survivor's refusals nor its admissions lag behind a restart.
 
 The first heartbeat of a registration only sets the baseline: what the
 worker ran before this broker knew it (its warm-up, another broker's work)
@@ -72,6 +76,7 @@ WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
 LATENESS_WINDOW_S = 30.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
 MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
+PART_WINDOW_S = 2.0  # seconds of work over which a worker of several brokers' part for this one fades (by 1/e)
 MIN_INTERVALS = 2  # heartbeat intervals showing work before a rate may refuse
 MIN_BATCHES = 8  # and batches in them, or
 MIN_BUSY_S = 2.0  # seconds of their busy time (a slow model's few long batches)
@@ -86,7 +91,8 @@ class ServiceRate:
     saturated_items: float = 0.0  # its items of saturated intervals, faded alike
     saturated_batches: float = 0.0  # and its batches
     saturated_s: float = 0.0  # the length of those intervals, faded alike
-    mine: float = 0.0  # the items of this broker's ok replies from it, faded alike
+    mine: float = 0.0  # the items of this broker's ok replies from it, faded over PART_WINDOW_S
+    all_items: float = 0.0  # and the worker's items, faded alike: mine / all_items is this broker's part
     answered: int = 0  # items of this broker's ok replies since the last heartbeat
     baseline: BatchCounters | None = None  # the counters of the last heartbeat
     at: float = 0.0  # when the last heartbeat came
@@ -118,7 +124,9 @@ class ServiceRate:
         batches = counters.batches - last.batches if saturated_s > 0 else 0
         self.saturated_batches = self.saturated_batches * fade + batches
         self.saturated_s = self.saturated_s * fade + saturated_s
-        self.mine = self.mine * fade + answered
+        part_fade = math.exp(-elapsed / PART_WINDOW_S)
+        self.mine = self.mine * part_fade + answered
+        self.all_items = self.all_items * part_fade + items
         if items > 0:
             self.intervals = min(MIN_INTERVALS, self.intervals + 1)
             self.batches = min(MIN_BATCHES, self.batches + max(0, counters.batches - last.batches))
@@ -144,9 +152,9 @@ class ServiceRate:
             return None
         if not shared:
             return rate
-        if self.mine < MIN_ITEMS:
+        if self.mine < MIN_ITEMS or self.all_items <= 0:
             return None
-        return rate * min(1.0, self.mine / (self.items or self.saturated_items))
+        return rate * min(1.0, self.mine / self.all_items)
 
 
 @dataclass(slots=True)

@@ -54,6 +54,9 @@ DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
+# Answers another broker may better: no worker there now, or none that registered the model with it yet
+# (a broker that came back knows only the models whose workers registered with it again).
+ELSEWHERE = frozenset({Status.NO_WORKER, Status.UNKNOWN_MODEL})
 
 
 @dataclass(eq=False)
@@ -445,7 +448,7 @@ class AsyncClient:
         if pending is None or pending.future.done():
             return  # a late duplicate: the request has its answer
         if index == pending.broker:
-            if reply.status is Status.NO_WORKER and self._elsewhere(reply.request_id, pending):
+            if reply.status in ELSEWHERE and self._elsewhere(reply.request_id, pending):
                 return  # a broker without workers (one just back, say): another one may have some
             pending.answered_by = index
             pending.future.set_result(reply)
@@ -500,7 +503,8 @@ class AsyncClient:
         return False
 
     def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
-        """Send a request a broker had no worker for to a live broker it has not been to; False if none."""
+        """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;
+        False if none."""
         if not self.brokers.watch or pending.request is None:
             return False
         tried = {pending.broker, *pending.moved_from}
