@@ -65,6 +65,11 @@ What was taken from others, and why:
   ``retry_after_ms`` is what the refused request is told; for the other
   requests it covers, the horizon bounds it.
 
+The broker does not tell clients it has room in its replies: a new REPLY
+meta key would be refused by every client older than it (PROTOCOL.md 8),
+and the probes and admissions carry that news already, within a fraction of
+a horizon.
+
 A refusal without a ``retry_after_ms`` leaves no verdict: there is no
 telling how long it holds.  Verdicts are few (``MAX_VERDICTS`` per key): a
 new one replaces those it makes redundant, and past the count the one
