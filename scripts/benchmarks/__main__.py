@@ -26,6 +26,7 @@ from scripts.benchmarks import (
     cases_overlap,
     cases_overload,
     cases_peers,
+    cases_transitions,
     charts,
     history,
     load,
@@ -50,6 +51,8 @@ OTHER_CASES: dict[str, Case] = {
     "scale": cases_infra.scale,
     "overlap": cases_overlap.overlap,
     "gpu": cases_gpu.gpu,
+    "chaos": cases_transitions.chaos,
+    "staggered": cases_transitions.staggered,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)
 NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes
