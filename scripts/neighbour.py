@@ -34,6 +34,7 @@ from zbatch.testing import ROOT, Daemons, broker_stats, daemon_env, start_broker
 
 MODEL = "neighbour"
 LOAD_HOURS_S = 24 * 3600.0  # a load generator's window: it is stopped long before
+COMMAND_STOP_S = 60.0  # how long the command may take to stop its own processes when we are stopped
 
 
 def log(message: str) -> None:
@@ -80,6 +81,22 @@ def start_load(url: str, loaders: int, clients: int) -> list[subprocess.Popen[by
             for index, share in enumerate(shares) if share]
 
 
+def run_command(command: list[str]) -> int:
+    """``command``'s exit status; stopped with us (SIGTERM, Ctrl-C), it gets SIGINT, on which pytest runs its
+    teardown (the daemons its tests started), and time for it."""
+    process = subprocess.Popen(command)
+    try:
+        return process.wait()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(COMMAND_STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the neighbour, run the command (or wait for a signal), stop the neighbour; the command's status."""
     spinners: list[subprocess.Popen[bytes]] = []
@@ -94,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.command:
             while True:
                 signal.pause()
-        return subprocess.run(args.command, check=False).returncode
+        return run_command(args.command)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -257,9 +257,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
              failed: list[str], sections: dict[str, list[str]]) -> str:
     """The whole BENCHMARKS.md.
 
-    ``sections``: "targets" and "details" (generated lines), "analysis" and
-    "history" (carried over from the previous file: hand-written, and the log), and "gpu" (the gpu case's
-    section: this run's when it ran on CUDA, else the previous file's).
+    ``sections``: "targets" and "details" (generated lines), "analysis", "issues" and
+    "history" (carried over from the previous file: hand-written, each issue's own section, and the log), and
+    "gpu" (the gpu case's section: this run's when it ran on CUDA, else the previous file's).
     """
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -282,6 +282,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
         lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
+    lines += sections.get("issues", [])
     return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(sections["history"]) + "\n"
 
 
