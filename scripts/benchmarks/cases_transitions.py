@@ -2,8 +2,8 @@
 
 Both run on the simulated accelerator of :mod:`scripts.benchmarks.delay` (the real worker, its model a sleep
 of :data:`BATCH_MS` a batch plus :data:`ITEM_MS` an item, batches of up to 128, no CPU; a fresh worker's
-first batch :data:`FIRST_BATCH_MS` longer, so that a broker's first measurement of it is a poor one), so
-that this host plays a GPU host: the accelerator is never what limits, and every refusal is the stack's own doing.  Load
+first batches slow (:data:`COLD`), so that a broker's first measurement of it is a poor one), so that this
+host plays a GPU host: the accelerator is never what limits, and every refusal is the stack's own doing.  Load
 comes from several processes (:mod:`scripts.benchmarks.loadgen`) that record every request, so each one is
 placed against the moments something was killed or registered.
 
@@ -49,7 +49,7 @@ from zbatch.testing import (
 )
 
 BATCH_MS, ITEM_MS = delay.BATCH_MS, delay.ITEM_MS  # a GPU's pace: a batch of 128 in 45.6 ms
-FIRST_BATCH_MS = 1_000.0  # a fresh worker's first batch takes this much longer, as a GPU's first real batch does
+COLD = (2, 1_000.0)  # a fresh worker's first 2 batches each take 1 s longer, as a GPU's first real batches may
 REFUSED = frozenset({"503", "overloaded"})
 STAGGER_S = 0.5
 WORKERS = 4
@@ -106,7 +106,7 @@ def log_time(line: str) -> float:
 async def chaos(ctx: Context) -> None:
     plan = QUICK_CHAOS if ctx.settings.quick else CHAOS
     env = delay.accelerator_env(tempfile.mkdtemp(prefix="zbatch-simulated-"), BATCH_MS, ITEM_MS,
-                                first_batch_ms=FIRST_BATCH_MS)
+                                cold=COLD)
     with procs.running() as daemons:
         served = daemons.add(spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, workers=WORKERS, env=env))
         await procs.blocking(daemons.wait, lambda: serves(served), "zbatch serve to serve")
@@ -172,7 +172,7 @@ async def staggered(ctx: Context) -> None:
                                         duration_s, 4, 1, "--records", "--ready", f"{gateway.url}/readyz")
         gates = [str(daemons.log_dir / f"gate-{index}") for index in range(WORKERS)]
         for index, gate in enumerate(gates):
-            env = delay.accelerator_env(folder, BATCH_MS, ITEM_MS, ready_gate=gate, first_batch_ms=FIRST_BATCH_MS)
+            env = delay.accelerator_env(folder, BATCH_MS, ITEM_MS, ready_gate=gate, cold=COLD)
             daemons.add(start_worker(daemons["broker"], daemons.log_dir, f"worker-{index}", wait=False,
                                      env=env, workers=1, cores_ledger="off"))
         await procs.blocking(delay.open_gates, gates, STAGGER_S, START_TIMEOUT_S)

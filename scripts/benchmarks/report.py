@@ -225,7 +225,7 @@ CASE_NOTES = """
   without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
 * **chaos** and **staggered** (issue 38): the stack's transitions on the simulated accelerator of
   `python -m scripts.benchmarks.delay` at GPU rates (the real worker; a batch of up to 128 sleeps 20 ms +
-  0.2 ms an item, a fresh worker's first one a second longer; two batches in flight), so that a refusal is
+  0.2 ms an item, a fresh worker's first two a second longer each; two batches in flight), so that a refusal is
   the stack's own doing. chaos: `zbatch serve` with 2 brokers and 4 workers, 256 closed-loop clients (3/4
   over HTTP, 1/4 over ZeroMQ to both brokers), kill -9 of 4 workers and 2 brokers 8 s apart, each restarted
   by the supervisor; every request is placed in the window after the kill it was sent in. staggered: 4

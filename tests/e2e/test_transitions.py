@@ -3,7 +3,7 @@ kill -9 of a worker and of a broker under load (issue 38).
 
 Real daemons (the harness, and ``zbatch serve`` for the kills) on the simulated accelerator of
 ``scripts/benchmarks/delay.py``: the real worker, whose model sleeps as a GPU computes (batches of up to
-128, two in flight, the first batch after a start slow, as a GPU's is) and takes no CPU.  So this host
+128, two in flight, the first two batches after a start slow, as a GPU's may be) and takes no CPU.  So this host
 plays a GPU host: the accelerator is never what limits, a worker of the model has free credit throughout,
 and every refusal is the stack's own doing.  Closed-loop HTTP clients (tests/load.py) load the stack.
 
@@ -28,7 +28,7 @@ from zbatch.testing import serves, spawn_serve, supervised_pids, wait_ready_agai
 
 MODEL = delay.MODEL
 STAGGER_S = 0.5  # between two registrations, as in scripts/bench's staggered case
-FIRST_BATCH_MS = 1_000  # a fresh worker's first batch: a broker's first measurement of it is a slow one
+COLD = (2, 1_000.0)  # a fresh worker's first two batches each 1 s slower: its broker's first rate is a poor one
 CLIENTS = 128  # a full batch of the simulated GPU, half of one worker's credit: one always has room
 STAGGERED_CLIENTS = 384  # one worker's credit and half as much again, under the broker's cold count (512)
 TIMEOUT_S = 120.0  # any wait here; a loaded host needs a fraction of it
@@ -41,7 +41,7 @@ def report(name: str, **figures: Any) -> None:
 def accelerator(log_dir: Path, **settings: Any) -> dict[str, str]:
     folder = log_dir / "simulated-model"
     folder.mkdir(exist_ok=True)
-    return delay.accelerator_env(str(folder), first_batch_ms=FIRST_BATCH_MS, **settings)
+    return delay.accelerator_env(str(folder), cold=COLD, **settings)
 
 
 def more_answers(load: Load, count: int) -> Any:
@@ -65,7 +65,7 @@ def test_workers_registering_half_a_second_apart_under_load_refuse_nothing(log_d
     Bounded: the clients are more than the first worker's credit (two batches of 128), so work waits at the
     broker until the second registers, but never more of it than one simulated GPU clears in a fraction of
     a second, far inside the 30 s deadline, and less than the broker's cold count: a refusal can only come
-    from a rate trusted on too little evidence (the first worker's first batch is slow) or from a verdict
+    from a rate trusted on too little evidence (a fresh worker's first batches are slow) or from a verdict
     that outlived it.  The stagger is set by the simulated model, which ends its warm-up when told to
     (delay.open_gates) once every worker has loaded, so it does not depend on how fast this host loads them.
     """
