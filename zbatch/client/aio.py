@@ -39,7 +39,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from zbatch.client.breaker import OverloadBreaker
+from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
@@ -54,6 +54,9 @@ DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
+# Answers another broker may better: no worker there now, or none that registered the model with it yet
+# (a broker that came back knows only the models whose workers registered with it again).
+ELSEWHERE = frozenset({Status.NO_WORKER, Status.UNKNOWN_MODEL})
 
 
 @dataclass(eq=False)
@@ -66,6 +69,8 @@ class _Pending:
     request: Request | None = None  # None: a STATS, which belongs to its broker
     deadline: float = 0.0  # time.monotonic() of the request's own deadline, for a replay's timeout
     timeout_ms: int = 0  # its deadline as the broker counts it, for the breaker
+    sent_at: float = 0.0  # time.monotonic() of its last send, for the breaker
+    answered_by: int = -1  # the broker whose answer settled it
     moved_from: set[int] = field(default_factory=set)
 
     @property
@@ -97,9 +102,10 @@ class AsyncClient:
         ``curve``: the brokers' public key and this client's key pair, for brokers with CURVE on.
 
         ``fail_fast_overload``: once a broker refuses a request as overloaded, refuse here, at once,
-        the requests it would refuse too until its ``retry_after_ms`` has passed: as large or larger,
-        with as short a deadline or shorter, at the same priority or lower (see
-        :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
+        the requests it would refuse too (as large or larger, with as short a deadline or shorter, at
+        the same priority or lower) until its ``retry_after_ms`` has passed, and never longer than
+        ``heartbeat_ms`` unless the broker refuses such a request again; a few go through meanwhile as
+        probes, and an admission ends the verdict (see :mod:`zbatch.client.breaker`).
 
         With several brokers: ``heartbeat_ms`` and ``heartbeat_liveness`` say how soon a dead or
         hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
@@ -117,7 +123,7 @@ class AsyncClient:
         self.replay = replay
         self.brokers = BrokerSet(self.endpoints, time.monotonic, heartbeat_s=heartbeat_ms / 1000,
                                  liveness=heartbeat_liveness)
-        self._breaker = OverloadBreaker(time.monotonic) if fail_fast_overload else None
+        self._breaker = OverloadBreaker(time.monotonic, heartbeat_ms / 1000) if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
         # With CURVE, a refused key never completes the handshake: requests fail fast.
         self._sockets = [open_socket(self._context, zmq.DEALER, connect=end, immediate=True, curve=curve)
@@ -199,9 +205,20 @@ class AsyncClient:
         if refusal is not None:
             return refusal
         reply = await self._wait(pending, own_ms + self.reply_grace_ms)
-        if self._breaker is not None and reply.status is Status.OVERLOADED:
-            self._breaker.refused((pending.broker, model), items, own_ms, priority, reply.retry_after_ms)
+        if self._breaker is not None:
+            self._learn(self._breaker, pending, reply)
         return reply
+
+    @staticmethod
+    def _learn(breaker: OverloadBreaker, pending: _Pending, reply: Reply) -> None:
+        """What the answer tells the breaker about the broker that gave it: a refusal, or an admission."""
+        request = pending.request
+        assert request is not None
+        key = (pending.answered_by, request.model)
+        if reply.status is Status.OVERLOADED:
+            breaker.refused(key, request.items, pending.timeout_ms, request.priority, reply.retry_after_ms)
+        elif reply.status in ADMITTED:
+            breaker.admitted(key, request.items, pending.timeout_ms, request.priority, pending.sent_at)
 
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
         """The broker's statistics: models, backlogs, workers, batches.
@@ -245,6 +262,7 @@ class AsyncClient:
     async def _place(self, pending: _Pending) -> Reply | None:
         """Send the request to the best live broker its breaker lets through; a Reply: refused here.
 
+        A broker whose verdicts cover the request may still take it as their probe, when no other can.
         A broker whose connection is still being made is skipped; if none can take it, try again
         every few milliseconds for ``connect_timeout_ms``, then fail fast.
         """
@@ -254,26 +272,41 @@ class AsyncClient:
         frames = wire.encode_request(request)
         give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
         while True:
-            wait_ms: list[int] = []  # from the brokers whose verdicts cover this request
             candidates = self.brokers.order()
             if not candidates:
                 raise BrokerUnavailable(self._nowhere_text())
+            wait_ms: dict[int, int] = {}  # the brokers whose verdicts cover this request: their time left
             for index in candidates:
-                if self._breaker is not None and (ms := self._breaker.refusing(
-                        (index, request.model), request.items, pending.timeout_ms, request.priority)) is not None:
-                    wait_ms.append(ms)
-                    continue
-                if self._try_send(index, frames):
-                    pending.broker = index
-                    self._pending[request.request_id] = pending
-                    self.brokers[index].outstanding += request.items
+                if (ms := self._covered(index, pending)) is not None:
+                    wait_ms[index] = ms
+                elif self._send(index, pending, frames):
+                    return None
+            breaker = self._breaker
+            for index in wait_ms:  # each holds verdicts: one may let it through as its probe
+                if breaker is not None and breaker.probe((index, request.model)) and self._send(index, pending, frames):
                     return None
             # Every broker would refuse it; or those that would not cannot be reached, and the others would.
             if len(wait_ms) == len(candidates) or (wait_ms and time.monotonic() >= give_up_at):
-                return self._refused_here(request, min(wait_ms))
+                return self._refused_here(request, min(wait_ms.values()))
             if time.monotonic() >= give_up_at:
                 raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
+
+    def _covered(self, index: int, pending: _Pending) -> int | None:
+        """How long the verdicts of broker ``index`` that cover the request have left (ms); None: none do."""
+        request = pending.request
+        if self._breaker is None or request is None:
+            return None
+        return self._breaker.refusing((index, request.model), request.items, pending.timeout_ms, request.priority)
+
+    def _send(self, index: int, pending: _Pending, frames: list[bytes]) -> bool:
+        """Send a request to broker ``index`` and wait for its answer there; False if it cannot go now."""
+        if not self._try_send(index, frames):
+            return False
+        pending.broker, pending.sent_at = index, time.monotonic()
+        self._pending[pending.request_id] = pending
+        self.brokers[index].outstanding += pending.items
+        return True
 
     @staticmethod
     def _refused_here(request: Request, retry_after_ms: int) -> Reply:
@@ -415,10 +448,12 @@ class AsyncClient:
         if pending is None or pending.future.done():
             return  # a late duplicate: the request has its answer
         if index == pending.broker:
-            if reply.status is Status.NO_WORKER and self._elsewhere(reply.request_id, pending):
+            if reply.status in ELSEWHERE and self._elsewhere(reply.request_id, pending):
                 return  # a broker without workers (one just back, say): another one may have some
+            pending.answered_by = index
             pending.future.set_result(reply)
         elif index in pending.moved_from and reply.status is Status.OK:
+            pending.answered_by = index
             pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
             self._try_send(pending.broker, wire.encode_cancel(reply.request_id))
 
@@ -434,7 +469,8 @@ class AsyncClient:
         return self.brokers.next_wakeup()
 
     def _broker_died(self, index: int) -> None:
-        """Move what is outstanding at a dead broker to live ones, or fail it."""
+        """Move what is outstanding at a dead broker to live ones, or fail it; its verdicts die with it."""
+        self._forget_verdicts(index)
         why = self._dead_text(index)
         for request_id, pending in list(self._pending.items()):
             if pending.broker != index or pending.future.done():
@@ -460,14 +496,15 @@ class AsyncClient:
                                              remaining_ms, request.priority, request.trace))
         for index in self.brokers.order():
             if index not in avoid and self._try_send(index, frames):
-                pending.broker = index
+                pending.broker, pending.sent_at = index, time.monotonic()
                 pending.moved_from.add(old)
                 self.brokers.moved(request_id, old, index, request.items)
                 return True
         return False
 
     def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
-        """Send a request a broker had no worker for to a live broker it has not been to; False if none."""
+        """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;
+        False if none."""
         if not self.brokers.watch or pending.request is None:
             return False
         tried = {pending.broker, *pending.moved_from}
@@ -476,6 +513,12 @@ class AsyncClient:
         return self._replay(request_id, pending, avoid=tried)
 
     def _rejoined(self, index: int) -> None:
-        """A dead broker answers again: cancel there what was moved away from it while it was gone."""
+        """A dead broker answers again: cancel there what was moved away from it while it was gone.  It may
+        be a new process, with a state of its own: what an old one refused says nothing of it."""
+        self._forget_verdicts(index)
         for request_id in self.brokers.take_moved_away(index):
             self._try_send(index, wire.encode_cancel(request_id))
+
+    def _forget_verdicts(self, index: int) -> None:
+        if self._breaker is not None:
+            self._breaker.forget(lambda key: isinstance(key, tuple) and key[0] == index)
