@@ -29,7 +29,7 @@ from zbatch.testing import serves, spawn_serve, supervised_pids, wait_ready_agai
 MODEL = delay.MODEL
 STAGGER_S = 0.5  # between two registrations, as in scripts/bench's staggered case
 COLD = (2, 1_000.0)  # a fresh worker's first two batches each 1 s slower: its broker's first rate is a poor one
-CLIENTS = 128  # a full batch of the simulated GPU, half of one worker's credit: one always has room
+CLIENTS = 256  # issue 38's chaos load: one worker's credit, a third of the three workers' of the kill test
 STAGGERED_CLIENTS = 384  # one worker's credit and half as much again, under the broker's cold count (512)
 TIMEOUT_S = 120.0  # any wait here; a loaded host needs a fraction of it
 
