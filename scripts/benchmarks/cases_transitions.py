@@ -54,6 +54,7 @@ REFUSED = frozenset({"503", "overloaded"})
 STAGGER_S = 0.5
 WORKERS = 4
 RESTART_WAIT_S = 120.0  # how long a kill waits for the previous victim to be ready again
+Record = tuple[float, float, str]  # time.time() sent, time.time() answered, status
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,6 @@ def tally(records: list[Record], abandoned: int = 0) -> dict[str, Any]:
     return {"sent": len(records) + abandoned, "ok": kinds["ok"], "refused": kinds["refused"],
             "failed": kinds["failed"], "lost": kinds["lost"] + abandoned,
             "statuses": dict(Counter(status for _, _, status in records))}
-
-
-Record = tuple[float, float, str]  # time.time() sent, time.time() answered, status
 
 
 def records_of(results: list[dict[str, Any]]) -> list[Record]:
@@ -130,17 +128,18 @@ async def _kill_in_turn(served: Daemon, plan: ChaosPlan) -> list[dict[str, Any]]
     for index, victim in enumerate(plan.victims):
         await asyncio.sleep(max(0.0, started + plan.first_kill_s + index * plan.every_s - time.time()))
         if kills:
-            kills[-1]["back_s"] = await procs.blocking(_back, served, kills[-1])
+            kills[-1]["back_s"] = await _back(served, kills[-1])
         pid = supervised_pids(served)[victim]
         os.kill(pid, signal.SIGKILL)
         kills.append({"victim": victim, "pid": pid, "at": time.time()})
         procs.log(f"chaos: killed {victim} (pid {pid}) at {kills[-1]['at'] - started:.1f} s")
-    kills[-1]["back_s"] = await procs.blocking(_back, served, kills[-1])
+    kills[-1]["back_s"] = await _back(served, kills[-1])
     return kills
 
 
-def _back(served: Daemon, kill: dict[str, Any]) -> float:
-    return wait_ready_again(served, kill["victim"], kill["pid"], RESTART_WAIT_S)
+async def _back(served: Daemon, kill: dict[str, Any]) -> float:
+    """Once the supervisor says the victim of ``kill`` is ready again: how long it was out, by its count."""
+    return await procs.blocking(wait_ready_again, served, kill["victim"], kill["pid"], RESTART_WAIT_S)
 
 
 def _chaos_row(plan: ChaosPlan, results: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
