@@ -46,7 +46,7 @@ class Served:
         return {worker["name"]: worker for worker in stats["workers"]}
 
 
-def serve(log_dir: Path, *args: str, env: dict[str, str] | None = None, **settings: object) -> Served:
+def serve(log_dir: Path, *args: str, env: dict[str, str] | None = None, **settings: Any) -> Served:
     daemon = spawn_serve(log_dir, "zbatch-serve", *args, env=env, **settings)
     return Served(daemon, daemon.url, daemon.frontend)
 
