@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import Daemon, broker_stats, free_port, http_status, spawn, wait_until
+from tests.daemons import Daemon, broker_stats, http_status, wait_until
 from tests.load import Load
 from worker.runners import DEFAULT_MODEL_NAME, default_model_path
-from zbatch.testing import START_TIMEOUT_S, endpoint
+from zbatch.testing import START_TIMEOUT_S, spawn_serve
 
 CLIENTS = 16
 
@@ -47,11 +47,9 @@ class Served:
         return {worker["name"]: worker for worker in stats["workers"]}
 
 
-def serve(log_dir: Path, *args: str, env: dict[str, str] | None = None, **settings: object) -> Served:
-    port, frontend = free_port(), endpoint()
-    daemon = spawn("zbatch", "zbatch-serve", log_dir, "serve", *args, env=env, interpreter=None, port=port,
-                   frontend=frontend, backend=endpoint(), **settings)
-    return Served(daemon, f"http://127.0.0.1:{port}", frontend)
+def serve(log_dir: Path, *args: str, env: dict[str, str] | None = None, **settings: Any) -> Served:
+    daemon = spawn_serve(log_dir, "zbatch-serve", *args, env=env, **settings)
+    return Served(daemon, daemon.url, daemon.frontend)
 
 
 def wait_for_log(served: Served, pattern: str, what: str, timeout_s: float = START_TIMEOUT_S) -> re.Match[str]:
