@@ -131,3 +131,28 @@ def test_kill_9_of_a_worker_and_of_a_broker_under_load_loses_and_refuses_nothing
     assert summary["answered"] == summary["sent"], "none lost"
     assert summary["by_code"] == {"ok": summary["answered"]}, "every request answered 200, none refused"
     assert refused == 0
+
+
+def test_kill_9_of_the_only_broker_under_load_loses_and_refuses_nothing(log_dir: Path) -> None:
+    """``zbatch serve`` as shipped, one broker: kill -9 it under load; its supervisor restarts it.
+
+    Bounded: the gateway takes the dropped connection for a broker restarting (zbatch/client/aio.py): what
+    was outstanding there is sent to it again once it is back, and new requests wait for it, each for at
+    most the liveness window after the drop.  So this holds while the broker is back within that window
+    (the supervisor restarts it at once; a loaded host's Python start is well inside it) and its workers
+    register again within the broker's no-worker grace.  The 30 s deadline is far off.
+    """
+    served = spawn_serve(log_dir, workers=2, processes=2, env=accelerator(log_dir))
+    try:
+        wait_until(lambda: serves(served), TIMEOUT_S, "zbatch serve to serve", served.log)
+        with Load(f"{served.url}/models/{MODEL}", CLIENTS) as load:
+            wait_until(more_answers(load, 10 * CLIENTS), TIMEOUT_S, "the load to flow", served.log)
+            kills = [kill(served, "broker", load)]
+        refused = refused_by_brokers(served.frontend)
+    finally:
+        served.stop(120)
+    summary = load.summary()
+    report("kill -9 of the only broker", **summary, kills=kills, refused_by_broker_since_its_start=refused)
+    assert summary["answered"] == summary["sent"], "none lost"
+    assert summary["by_code"] == {"ok": summary["answered"]}, "every request answered 200, none refused"
+    assert refused == 0

@@ -18,7 +18,15 @@ outstanding (:mod:`zbatch.client.brokers`).  Every broker is sent a HEARTBEAT
 each ``heartbeat_ms``; one silent for ``heartbeat_ms × heartbeat_liveness``,
 or whose connection drops, is dead until it answers again.  What was
 outstanding at a dead broker is sent again to a live one (``replay``), or
-fails with :class:`BrokerUnavailable`.  The overload breaker
+fails with :class:`BrokerUnavailable`.  With one broker there is nowhere
+else to send: a dropped connection is taken for a broker restarting (``zbatch
+serve`` and systemd restart it), so what was outstanding there is sent to it
+again once it is back (``replay``), and new requests wait for it, each within
+its own deadline and for at most the liveness window (``heartbeat_ms ×
+heartbeat_liveness``, the time PROTOCOL.md 6.4 gives a silent broker) after
+the drop.  A restarted broker has lost what it held, and a broker that kept
+running sees a new connection: either way the request runs again and has one
+answer.  The overload breaker
 (:mod:`zbatch.client.breaker`) keeps each broker's verdicts apart: a request
 one broker would refuse goes to another rather than being refused here.
 """
@@ -128,15 +136,18 @@ class AsyncClient:
         # With CURVE, a refused key never completes the handshake: requests fail fast.
         self._sockets = [open_socket(self._context, zmq.DEALER, connect=end, immediate=True, curve=curve)
                          for end in self.endpoints]
-        # Connection events arrive on PAIR sockets read with the replies: drops, and (several brokers)
-        # completed handshakes, which get a heartbeat at once so a broker back rejoins without waiting.
-        events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self.brokers.watch else 0)
+        # Connection events arrive on PAIR sockets read with the replies: drops, and completed handshakes:
+        # several brokers, a heartbeat at once so a broker back rejoins without waiting; one, the requests
+        # its drop stranded go to it again.
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
         self._monitors: list[Socket] = []
         for socket in self._sockets:
             monitor = f"inproc://zbatch-client-monitor.{socket.FD}"
             socket.monitor(monitor, events)
             self._monitors.append(open_socket(self._context, zmq.PAIR, connect=monitor))
         self._pending: dict[bytes, _Pending] = {}
+        self._stranded: dict[bytes, float] = {}  # one broker: requests outstanding when its connection dropped
+        self._dropped_at: float | None = None  # one broker: when its connection dropped, until it is back
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
         self._poller: PolledSockets | None = None
@@ -270,7 +281,7 @@ class AsyncClient:
         self._ensure_reader()
         request = pending.request
         frames = wire.encode_request(request)
-        give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
+        started = time.monotonic()
         while True:
             candidates = self.brokers.order()
             if not candidates:
@@ -286,11 +297,21 @@ class AsyncClient:
                 if breaker is not None and breaker.probe((index, request.model)) and self._send(index, pending, frames):
                     return None
             # Every broker would refuse it; or those that would not cannot be reached, and the others would.
+            give_up_at = self._connect_deadline(pending, started)
             if len(wait_ms) == len(candidates) or (wait_ms and time.monotonic() >= give_up_at):
                 return self._refused_here(request, min(wait_ms.values()))
             if time.monotonic() >= give_up_at:
                 raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
+
+    def _connect_deadline(self, pending: _Pending, started: float) -> float:
+        """Until when a request first tried at ``started`` waits for a connection: ``connect_timeout_ms``;
+        for a lone broker whose connection dropped, the liveness window after the drop (it is likely
+        restarting); never past the request's own deadline."""
+        give_up_at = started + self.connect_timeout_ms / 1000
+        if self._dropped_at is not None:
+            give_up_at = max(give_up_at, self._dropped_at + self.brokers.expiry_s)
+        return min(give_up_at, pending.deadline) if pending.deadline else give_up_at
 
     def _covered(self, index: int, pending: _Pending) -> int | None:
         """How long the verdicts of broker ``index`` that cover the request have left (ms); None: none do."""
@@ -337,6 +358,7 @@ class AsyncClient:
             self._forget(request_id, pending)
 
     def _forget(self, request_id: bytes, pending: _Pending) -> None:
+        self._stranded.pop(request_id, None)
         if self._pending.get(request_id) is pending:
             del self._pending[request_id]
             self.brokers[pending.broker].outstanding -= pending.items
@@ -412,8 +434,14 @@ class AsyncClient:
         The broker's last answers can reach this socket just after the event, so they are taken first.
         """
         if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
+            if self.brokers.watch:
+                self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
+            else:
+                self._dropped_at = None
+                self._resend_stranded(index)
             return
+        if not self.brokers.watch:
+            self._dropped_at = time.monotonic()  # new requests wait for it from now on
         asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost, index)
 
     def _connection_lost(self, index: int) -> None:
@@ -426,9 +454,35 @@ class AsyncClient:
         lost = BrokerUnavailable(
             f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
         )
-        for pending in self._pending.values():
-            if not pending.future.done():
+        now = time.monotonic()
+        for request_id, pending in self._pending.items():
+            if pending.future.done():
+                continue
+            if pending.request is not None and self.replay:
+                self._stranded.setdefault(request_id, now)
+            else:
                 pending.future.set_exception(lost)
+        self._resend_stranded(index)  # the connection may be back already
+        asyncio.get_running_loop().call_later(self.brokers.expiry_s, self._abandon_stranded, lost)
+
+    def _abandon_stranded(self, lost: BrokerUnavailable) -> None:
+        """Fail what has waited the liveness window for its broker to come back."""
+        too_old = time.monotonic() - self.brokers.expiry_s
+        for request_id, stranded_at in list(self._stranded.items()):
+            pending = self._pending.get(request_id)
+            if stranded_at <= too_old and pending is not None and not pending.future.done():
+                pending.future.set_exception(lost)
+
+    def _resend_stranded(self, index: int) -> None:
+        """One broker, back (or maybe back): send it again what its dropped connection stranded, each with
+        the time it has left; what cannot go now waits for the next handshake, or its own deadline."""
+        for request_id in list(self._stranded):
+            pending = self._pending.get(request_id)
+            if pending is None or pending.future.done() or pending.request is None:
+                del self._stranded[request_id]
+            elif self._try_send(index, self._frames_with_time_left(pending)):
+                del self._stranded[request_id]
+                pending.sent_at = time.monotonic()
 
     def _deliver(self, index: int, frames: list[bytes]) -> None:
         if self.brokers.watch and self.brokers.heard(index):
@@ -487,20 +541,25 @@ class AsyncClient:
     def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
         """Send a request again to the best live broker (not one of ``avoid``), with the time left;
         False if none takes it."""
-        assert pending.request is not None
         old = pending.broker
         avoid = avoid or {old}
-        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
-        request = pending.request
-        frames = wire.encode_request(Request(request_id, request.model, request.items, request.payload,
-                                             remaining_ms, request.priority, request.trace))
+        frames = self._frames_with_time_left(pending)
         for index in self.brokers.order():
             if index not in avoid and self._try_send(index, frames):
                 pending.broker, pending.sent_at = index, time.monotonic()
                 pending.moved_from.add(old)
-                self.brokers.moved(request_id, old, index, request.items)
+                self.brokers.moved(request_id, old, index, pending.items)
                 return True
         return False
+
+    @staticmethod
+    def _frames_with_time_left(pending: _Pending) -> list[bytes]:
+        """The request again, its timeout what is left of its own deadline."""
+        request = pending.request
+        assert request is not None
+        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
+        return wire.encode_request(Request(pending.request_id, request.model, request.items, request.payload,
+                                           remaining_ms, request.priority, request.trace))
 
     def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
         """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;
