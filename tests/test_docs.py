@@ -87,8 +87,6 @@ def test_every_dialect_page_has_a_runnable_example_for_each_of_its_clients() -> 
 
 # "issue 33", "issues 23–25", "(issue #34)": the project's own tracker, which users cannot read.
 INTERNAL_ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
-# Rewritten on the branch that reworks shedding (it cites "the H200 of issue 33"); drop once that is merged.
-REWRITTEN_ELSEWHERE = {"operations/shedding.md"}
 NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 # A throughput a page quotes: one or more numbers (a range, a list) before texts/s, requests/s...
 THROUGHPUT = re.compile(r"(?:\d+(?:,\d{3})*(?:\.\d+)?(?:–| to | and |, )?)+ ?(?:texts|requests|req|answers|refusals)/s")
@@ -98,8 +96,6 @@ USER_PAGES = [ROOT / "README.md", *PAGES]
 @pytest.mark.parametrize("path", USER_PAGES, ids=lambda path: str(path.relative_to(ROOT)))
 def test_no_page_cites_an_internal_issue(path: Path) -> None:
     """Users read the docs without the project's issue tracker: a page says what it means, not "issue 33"."""
-    if path.is_relative_to(ROOT / "docs") and str(path.relative_to(ROOT / "docs")) in REWRITTEN_ELSEWHERE:
-        pytest.skip("rewritten on another branch")
     assert INTERNAL_ISSUE.findall(path.read_text()) == []
 
 
