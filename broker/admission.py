@@ -1,7 +1,12 @@
 """Admission: whether the broker takes a request, in the order of PROTOCOL.md section 6.1.
 
 Pure functions of the request, the model's state and the limits; the core
-calls them for every REQUEST and answers the refusal they return.
+calls them for every REQUEST and answers the refusal they return, except
+where the invariant of 6.1 overrules them (:meth:`broker.core.BrokerCore._refusal`):
+no refusal for load (:func:`memory_full`, :func:`too_slow`) stands while a
+worker of the model has credit for the request and nothing of its priority
+or higher waits (:meth:`broker.state.ModelState.room_for`), unless the
+payload bytes held for the model would pass their bound (:func:`bytes_fit`).
 
 The rule is in units of time.  A request is refused only when the broker
 predicts it would not be answered within its own deadline (or within the
@@ -30,9 +35,11 @@ model's ``max_queue_ms``, if set)::
 * A model with nothing ahead admits any request: a wait that is only the
   request's own work is what it asked for, and the prediction is not worth a
   refusal there.  So an ``overloaded`` can always turn into an admission.
-* Before any worker has measured a rate (a model's first second or so of
-  work, or workers that do not report busy time), admission counts instead:
-  at most ``cold_backlog`` items waiting (at normal priority).
+* The rate counts only established measurements (:mod:`broker.rates`):
+  before any worker has one (a model's first two seconds or so of work, or
+  workers that do not report busy time), the estimate is weak and admission
+  counts instead: at most ``cold_backlog`` items waiting (at normal
+  priority), and a refusal's ``retry_after_ms`` is one heartbeat interval.
 
 Items and payload bytes stay bounded too (``max_backlog``,
 ``max_backlog_bytes``): those bound the broker's memory, with defaults
@@ -51,7 +58,7 @@ from broker.limits import ModelLimits
 from broker.state import ModelState
 from zbatch.protocol.wire import LOW_PRIORITY, MAX_RETRY_AFTER_MS, NORMAL_PRIORITY, Request, Status
 
-RETRY_AFTER_MS = 1_000  # the hint of an "overloaded" that no rate can time: draining, a full connection, a cold model
+RETRY_AFTER_MS = 1_000  # the hint of an "overloaded" that no rate can time: draining, a full connection
 MAX_MODELS_NAMED = 10  # an "unknown model" answer lists at most this many known models
 
 
@@ -99,12 +106,18 @@ def client_saturated(unanswered: int, limit: int) -> Refusal | None:
                       "connection; wait for some answers, or open another connection")
 
 
+def bytes_fit(request: Request, model: ModelState, limits: ModelLimits, reserve: float) -> bool:
+    """Whether the payload bytes held for the model (waiting or on workers) stay within the bound of the
+    request's priority with its payload: the one bound credit does not keep, since credit counts items."""
+    return model.held_bytes + len(request.payload) <= share(limits.max_backlog_bytes, request.priority, reserve)
+
+
 def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserve: float) -> Refusal | None:
     """The model's waiting items, or the payload bytes held for it (waiting or on workers), would pass the
     bounds of the request's priority."""
     items = share(limits.max_backlog, request.priority, reserve)
     size = share(limits.max_backlog_bytes, request.priority, reserve)
-    if model.backlog_items + request.items <= items and model.held_bytes + len(request.payload) <= size:
+    if model.backlog_items + request.items <= items and bytes_fit(request, model, limits, reserve):
         return None
     excess = max(model.backlog_items + request.items - items, 0)
     retry_ms = RETRY_AFTER_MS if model.rate is None or not excess else retry_after(excess / model.rate)
@@ -114,8 +127,9 @@ def memory_full(request: Request, model: ModelState, limits: ModelLimits, reserv
 
 
 def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: ModelLimits, reserve: float,
-             headroom: float, now: float) -> Refusal | None:
-    """The time rule (see the module's docstring); with no rate measured yet, the cold count."""
+             headroom: float, now: float, heartbeat_ms: int) -> Refusal | None:
+    """The time rule (see the module's docstring); with no established rate yet, the cold count, whose
+    refusals hold for one heartbeat interval (``heartbeat_ms``), when the evidence may have grown."""
     ahead = model.ahead_of(request.priority)
     if not ahead:
         return None
@@ -124,9 +138,9 @@ def too_slow(request: Request, model: ModelState, timeout_ms: int, limits: Model
         cold = share(limits.cold_backlog, request.priority, reserve)
         if model.backlog_items + request.items <= cold:
             return None
-        return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no measured "
+        return overloaded(f"model {request.model!r} has {model.backlog_items} items waiting and no established "
                           f"service rate yet; until it has one, the limit at priority {request.priority} is {cold} "
-                          "items waiting; retry later")
+                          "items waiting; retry later", heartbeat_ms)
     wait_s = (ahead + request.items) / rate + model.lateness.now(now)  # ModelState.predicted_wait_s, inlined
     allowed_s = allowed_wait_s(request.priority, timeout_ms, limits, reserve, headroom)
     if wait_s <= allowed_s:

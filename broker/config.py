@@ -9,7 +9,7 @@ from broker.core import CoreSettings
 from broker.limits import ModelLimits, check_model_limits, parse_model_limits
 from zbatch.runtime.curve import check_broker_settings, check_key_dir, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoint, check_exposure, load, option
+from zbatch.runtime.settings import INSECURE_HELP, MODELS_HELP, check_endpoint, check_exposure, load, option
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class BrokerConfig:
         "max_timeout_ms=N' separated by ';'",
         check=check_model_limits,
     )
-    models: tuple[str, ...] = option((), "comma-separated models to accept before any worker has announced them")
+    models: tuple[str, ...] = option((), MODELS_HELP)
     max_message_bytes: int = option(
         16 * 1024 * 1024, "largest client message (all frames); larger ones are refused unread", minimum=1024
     )

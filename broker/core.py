@@ -34,7 +34,21 @@ says nothing about the input: the job is retried while the budget lasts.
 Shedding is decided first, at admission (:mod:`broker.admission`), in units
 of time: a request is refused when the work ahead of it, at the service rate
 its model's workers measure (:mod:`broker.rates`), would pass its deadline;
-items and payload bytes are counted too, as bounds on memory.
+items and payload bytes are counted too, as bounds on memory.  Admission and
+dispatch are **work-conserving** (PROTOCOL.md 6.1)::
+
+    No request is refused for load while a worker of its model has free credit
+    for it and nothing of its priority or higher waits at the broker.
+
+Whatever rule would refuse a request for load first asks the model whether
+it would be dispatched at once (``ModelState.room_for``), and admits it if
+so; the payload bytes held for the model are the one bound that still
+refuses then, since credit counts items.  Dispatch keeps the other half:
+after every event that frees credit or changes the head of a backlog (a
+reply, a registration, a share, a death, a waiting request answered or
+cancelled) the head goes to a worker that can take it, so nothing waits
+that a worker could take.  tests/broker/test_work_conserving.py holds the
+core to both through random sequences of events.
 Credit is counted in items: a worker announces its capacity in READY, each
 dispatched request takes its items, each REPLY gives them back.  A request
 that is answered early (deadline, cancel) keeps its worker's credit until
@@ -344,10 +358,13 @@ class BrokerCore:
             return refusal
         if model is None:  # a model no worker has announced yet, within the grace: it waits for one
             return None
-        if (refusal := admission.memory_full(request, model, limits, reserve)) is not None:
-            return refusal
-        return admission.too_slow(request, model, self._timeout_ms(request), limits, reserve,
-                                  self.config.deadline_headroom, now)
+        refusal = admission.memory_full(request, model, limits, reserve) or admission.too_slow(
+            request, model, self._timeout_ms(request), limits, reserve, self.config.deadline_headroom, now,
+            self.config.heartbeat_ms)
+        if (refusal is not None and model.room_for(request.items, request.priority)
+                and admission.bytes_fit(request, model, limits, reserve)):
+            return None  # work-conserving: a worker has credit for it and nothing ahead of it waits
+        return refusal
 
     def _timeout_ms(self, request: Request) -> int:
         """The request's deadline from now: its own, or the model's default, at most the model's longest."""
@@ -424,6 +441,7 @@ class BrokerCore:
             model.workerless_since = None
             self._workerless.pop(name, None)
             model.workers[identity] = worker
+            model.measure_rate()  # it counts at the mean of the measured workers from now on
         for name in worker.models:
             self._dispatch(self.models[name])
 
@@ -537,6 +555,7 @@ class BrokerCore:
         its retry budget untouched, and this worker gets no more than it holds until it announces its share."""
         worker.declined += 1
         worker.capacity = min(worker.capacity, worker.in_flight_items)
+        self._measure_rates(worker)  # a share of 0 takes no work: it counts for nothing
         if log.isEnabledFor(logging.DEBUG):
             log.debug("worker %s declined job %s: full", worker.ready.name, job.job_id.hex(),
                       extra={"request_id": job.trace})
@@ -618,13 +637,16 @@ class BrokerCore:
         if self.unanswered[job.client] <= 0:
             del self.unanswered[job.client]
         model = self.models[job.model]
-        if job.waiting:
+        was_waiting = job.waiting
+        if was_waiting:
             model.forget_waiting(job)
             model.note_backlog(self.clock())
         if job.worker is None:
             self._forget(job)
         else:
             self._drop_payload(job)  # never dispatched again: answered jobs are not retried
+        if was_waiting:
+            self._dispatch(model)  # it may have been the head that no worker had room for
 
     # ------------------------------------------------------------ utilities
 

@@ -25,7 +25,8 @@ def broker_families(core: BrokerCore) -> list[Metric]:
                                "Items the model's workers can still take", labels=["model"])
     rate = GaugeMetricFamily("zbatch_broker_service_rate_items_per_second",
                              "Items per second the model's workers run, measured from their batch times; what "
-                             "admission predicts waits from (absent until measured)", labels=["model"])
+                             "admission predicts waits from (absent until a worker's rate is established)",
+                             labels=["model"])
     dispatches = CounterMetricFamily("zbatch_broker_dispatches_total", "Requests sent to a worker",
                                      labels=["model"])
     answers = CounterMetricFamily("zbatch_broker_answers_total", "Requests answered, by status",

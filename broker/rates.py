@@ -30,13 +30,32 @@ items it ran (the items of this broker's ``ok`` replies over the worker's
 items), so that each broker counts only the part of the worker it gets.
 That part is measured: while this broker sends little it is small and the
 rate conservative; under this broker's overload it is the part this broker
-actually gets.
+actually gets.  It follows the other brokers within a few seconds of work
+(``PART_WINDOW_S``), faster than the rate itself: when another broker dies
+its part comes to this one as soon as the worker gives it up (PROTOCOL.md
+6.6), and a broker that comes back takes its part again at once, so neither
+the survivor's refusals nor its admissions lag behind a restart.
 
 The first heartbeat of a registration only sets the baseline: what the
 worker ran before this broker knew it (its warm-up, another broker's work)
-says nothing of the work it does for this one.  A rate is known from the
-second heartbeat that shows work, about one heartbeat interval into a
-model's first load; until then admission counts items (:mod:`broker.admission`).
+says nothing of the work it does for this one.
+
+**Evidence.**  A measurement is a ratio from the second heartbeat that
+shows work on, but a rate may refuse requests (beyond the cold count of
+:mod:`broker.admission`) only once it is **established**: built from at
+least ``MIN_INTERVALS`` heartbeat intervals that showed work, holding at
+least ``MIN_BATCHES`` batches or ``MIN_BUSY_S`` seconds of them.  One
+interval, or a few batches, is one sample of a worker's first moments: a
+first batch that ran slow (a shape its warm-up missed, a device that
+idled) once made a single batch of a few items the whole rate, a
+thousandth of the worker's, and a predicted wait of minutes out of a
+fraction of a second of work (tests/broker/test_cold_start.py).
+Several batches over two intervals outweigh one such batch; a model slow
+enough to run fewer batches is established by their busy time instead.
+Until then the estimate is **weak**: admission counts items, as before any
+measurement, and a refusal's ``retry_after`` is one heartbeat interval,
+when the evidence may have grown.  A worker whose own rate is not
+established counts at the mean of those that are (:meth:`broker.state.ModelState.measure_rate`).
 
 What the rate does not see (the batch a request waits to join, the hops to
 and from the worker, a change of pace since the last heartbeat) makes
@@ -57,6 +76,10 @@ WINDOW_S = 10.0  # seconds of work over which old measurements fade (by 1/e)
 LATENESS_WINDOW_S = 30.0  # seconds over which a late answer stops weighing on the predictions (by 1/e)
 MIN_ITEMS = 1.0  # fewer items than this in the sums (faded) is no measurement yet
 MIN_SATURATED_BATCHES = 4.0  # saturated batches (faded) below which the busy-time rate stands alone
+PART_WINDOW_S = 2.0  # seconds of work over which a worker of several brokers' part for this one fades (by 1/e)
+MIN_INTERVALS = 2  # heartbeat intervals showing work before a rate may refuse
+MIN_BATCHES = 8  # and batches in them, or
+MIN_BUSY_S = 2.0  # seconds of their busy time (a slow model's few long batches)
 
 
 @dataclass(slots=True)
@@ -68,10 +91,14 @@ class ServiceRate:
     saturated_items: float = 0.0  # its items of saturated intervals, faded alike
     saturated_batches: float = 0.0  # and its batches
     saturated_s: float = 0.0  # the length of those intervals, faded alike
-    mine: float = 0.0  # the items of this broker's ok replies from it, faded alike
+    mine: float = 0.0  # the items of this broker's ok replies from it, faded over PART_WINDOW_S
+    all_items: float = 0.0  # and the worker's items, faded alike: mine / all_items is this broker's part
     answered: int = 0  # items of this broker's ok replies since the last heartbeat
     baseline: BatchCounters | None = None  # the counters of the last heartbeat
     at: float = 0.0  # when the last heartbeat came
+    intervals: int = 0  # heartbeat intervals that showed work, counted up to MIN_INTERVALS
+    batches: int = 0  # the batches they held, counted up to MIN_BATCHES
+    busy_s: float = 0.0  # and their busy time, counted up to MIN_BUSY_S
 
     def answered_ok(self, items: int) -> None:
         self.answered += items
@@ -97,7 +124,18 @@ class ServiceRate:
         batches = counters.batches - last.batches if saturated_s > 0 else 0
         self.saturated_batches = self.saturated_batches * fade + batches
         self.saturated_s = self.saturated_s * fade + saturated_s
-        self.mine = self.mine * fade + answered
+        part_fade = math.exp(-elapsed / PART_WINDOW_S)
+        self.mine = self.mine * part_fade + answered
+        self.all_items = self.all_items * part_fade + items
+        if items > 0:
+            self.intervals = min(MIN_INTERVALS, self.intervals + 1)
+            self.batches = min(MIN_BATCHES, self.batches + max(0, counters.batches - last.batches))
+            self.busy_s = min(MIN_BUSY_S, self.busy_s + busy_s)
+
+    @property
+    def established(self) -> bool:
+        """Whether the measurement is evidence enough to refuse with (the module's docstring)."""
+        return self.intervals >= MIN_INTERVALS and (self.batches >= MIN_BATCHES or self.busy_s >= MIN_BUSY_S)
 
     def per_second(self, shared: bool) -> float | None:
         """Items per second this broker can count on, or None before there is a measurement.
@@ -114,9 +152,9 @@ class ServiceRate:
             return None
         if not shared:
             return rate
-        if self.mine < MIN_ITEMS:
+        if self.mine < MIN_ITEMS or self.all_items <= 0:
             return None
-        return rate * min(1.0, self.mine / (self.items or self.saturated_items))
+        return rate * min(1.0, self.mine / self.all_items)
 
 
 @dataclass(slots=True)

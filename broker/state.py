@@ -95,23 +95,34 @@ class WorkerState:
                             if part)
         return f"{name} ({where})" if where else name
 
+    @property
+    def takes_work(self) -> bool:
+        """Not draining, and a share above 0: new work may come to it."""
+        return not self.draining and self.capacity > 0
+
     def rate(self, model: str) -> float | None:
-        """Items per second of ``model`` this worker runs for this broker; None: not measured yet, or it takes
-        no work now."""
+        """Items per second of ``model`` this worker runs for this broker, once established
+        (:mod:`broker.rates`); None: no such measurement yet, or it takes no work now."""
         measured = self.rates.get(model)
-        if measured is None or self.draining or not self.capacity:
+        if measured is None or not measured.established or not self.takes_work:
             return None
         return measured.per_second(self.shared)
 
-    def can_take(self, job: Job) -> bool:
-        """Room for the job's items; a job larger than the whole capacity, or one that may
-        have killed a worker, goes only to an idle worker, and nothing joins it there.
-        A worker whose share for this broker is 0 takes nothing."""
-        if self.draining or self.isolated_in_flight or not self.capacity:
+    def has_credit_for(self, items: int) -> bool:
+        """Room for a new request of ``items``: a request larger than the whole capacity goes only to an
+        idle worker, and nothing joins a retried request running alone."""
+        if not self.takes_work or self.isolated_in_flight:
             return False
-        if job.deaths or job.items > self.capacity:
+        if items > self.capacity:
             return self.in_flight_items == 0
-        return job.items <= self.free_credit
+        return items <= self.free_credit
+
+    def can_take(self, job: Job) -> bool:
+        """:meth:`has_credit_for` the job's items; a job that may have killed a worker goes only to an idle
+        one.  A worker whose share for this broker is 0 takes nothing."""
+        if job.deaths:
+            return self.takes_work and not self.isolated_in_flight and self.in_flight_items == 0
+        return self.has_credit_for(job.items)
 
     def take(self, job: Job, now: float) -> None:
         job.isolated = job.deaths > 0
@@ -140,8 +151,8 @@ class ModelState:
     seconds) feed the broker's metrics.  ``waiting`` counts the items
     waiting in each priority class, ``in_flight_items`` those on workers
     (answered or not, until the worker lets go), and ``rate`` is the sum of
-    its workers' measured rates (None while none is measured): what
-    admission predicts waits from, with ``lateness``, how much later than
+    its workers' established rates (:meth:`measure_rate`; None while none is
+    established): what admission predicts waits from, with ``lateness``, how much later than
     predicted its answers have come.
     """
 
@@ -226,9 +237,27 @@ class ModelState:
         elif self.backlogged_since is None:
             self.backlogged_since = now
 
+    def room_for(self, items: int, priority: int) -> bool:
+        """Whether a request admitted now would be dispatched at once: nothing of its priority or higher waits,
+        and a worker has credit for it.  Admission never refuses such a request (PROTOCOL.md 6.1)."""
+        if any(self.waiting[: priority + 1]):
+            return False
+        return any(worker.has_credit_for(items) for worker in self.workers.values())
+
     def measure_rate(self) -> None:
-        rates = [rate for worker in self.workers.values() if (rate := worker.rate(self.name)) is not None]
-        self.rate = sum(rates) if rates else None
+        """The sum of the established rates of the workers that take work; one that has no established rate
+        of its own yet (just registered, or restarted) counts at their mean, not at nothing.  None while no
+        worker's rate is established."""
+        rates: list[float] = []
+        unmeasured = 0
+        for worker in self.workers.values():
+            if worker.takes_work:
+                rate = worker.rate(self.name)
+                if rate is None:
+                    unmeasured += 1
+                else:
+                    rates.append(rate)
+        self.rate = sum(rates) * (1 + unmeasured / len(rates)) if rates else None
 
     def batch_totals(self) -> BatchCounters:
         totals = self.retired_batches

@@ -48,7 +48,7 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
     )
     app[CONFIG] = config
     app[IN_FLIGHT] = in_flight
-    app[METRICS] = GatewayMetrics({config.default_model, *config.required_models})
+    app[METRICS] = GatewayMetrics({name for name in (config.named_default_model, *config.required_models) if name})
     app[CATALOG] = catalog = Catalog()
     app.on_cleanup.append(lambda _: catalog.close())
     if client is None:

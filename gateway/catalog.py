@@ -10,12 +10,19 @@ while requests go on with what is known.  Only a model not in the catalog
 waits for a refresh (for at most :data:`MISS_WAIT_S`), at most one every
 :data:`RETRY_S`, so a flood of requests for unknown names costs the brokers
 one STATS per interval.
+
+It also gives the default model of a gateway whose settings name none
+(``default_model``, else the first of ``models``): the one model a worker
+serves (:func:`followed_default`), so that ``POST /``, TEI's routes and
+``/readyz`` follow the model the workers were started with, wherever it was
+set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +32,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.appkeys import CATALOG, CLIENT
+from gateway.config import GatewayConfig
+from gateway.errors import ApiError
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.client.stats import merge_stats
 
@@ -72,12 +81,14 @@ class Catalog:
         self._clock = clock
         self._models: dict[str, ModelInfo] = {}
         self._taken_at = -math.inf
+        self._failure: ZBatchError | None = None  # why the last refresh got no answer, if it did not
         self._refresh: asyncio.Task[None] | None = None
 
     def update(self, stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
         """Take a fresh STATS answer (the model list handlers ask for one anyway); returns its models."""
         self._models = models_of(stats)
         self._taken_at = self._clock()
+        self._failure = None
         return self._models
 
     async def lookup(self, client: AsyncClient, model: str) -> ModelInfo | None:
@@ -94,6 +105,20 @@ class Catalog:
             return self._models.get(model)
         return None
 
+    async def default_model(self, client: AsyncClient) -> str:
+        """The model a request that names none goes to where the settings name no default: the one model a worker
+        serves (:func:`followed_default`).  Known models answer at once; with none known, a refresh is awaited
+        as for an unknown model."""
+        age = self._clock() - self._taken_at
+        if not served_models(self._models) and age > RETRY_S:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._start_refresh(client)), MISS_WAIT_S)
+        elif age > FRESH_S:
+            self._start_refresh(client)
+        if self._failure is not None and not served_models(self._models):
+            raise self._failure  # no broker answers: that, rather than "no worker"
+        return followed_default(self._models)
+
     def _start_refresh(self, client: AsyncClient) -> asyncio.Task[None]:
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._fetch(client))
@@ -102,8 +127,9 @@ class Catalog:
     async def _fetch(self, client: AsyncClient) -> None:
         try:
             self.update(merge_stats(await client.stats_by_broker(timeout_ms=STATS_TIMEOUT_MS)))
-        except ZBatchError:
+        except ZBatchError as exc:
             self._taken_at = self._clock()  # no broker answered: keep what is known, ask again later
+            self._failure = exc
 
     async def close(self) -> None:
         """Cancel a refresh in flight (the application is shutting down)."""
@@ -123,14 +149,50 @@ async def fleet_stats(request: web.Request) -> dict[str, Any]:
     return stats
 
 
+async def default_model(request: web.Request, named: str) -> str:
+    """``named`` (a route's model as the settings name it), else the one model the brokers serve."""
+    return named or await request.app[CATALOG].default_model(request.app[CLIENT])
+
+
 def readiness(stats: Mapping[str, Any] | Exception, required: tuple[str, ...]) -> str:
-    """``ready``, or why one broker is not: it does not answer, it drains, or a required model has no worker."""
+    """``ready``, or why one broker is not: it does not answer, it drains, or a required model has no worker
+    (none required: no model has one)."""
     if isinstance(stats, Exception):
         return f"not answering ({stats})"
     if stats.get("draining"):
         return "draining"
+    if not required:
+        return "ready" if served_models(models_of(stats)) else "no worker serves any model yet"
     missing = [m for m in required if worker_count(stats, m) < 1]
     return f"no worker serves {', '.join(missing)}" if missing else "ready"
+
+
+def served_models(models: Mapping[str, ModelInfo]) -> list[str]:
+    """The models a worker serves now, by name."""
+    return sorted(name for name, info in models.items() if info.workers > 0)
+
+
+def followed_default(models: Mapping[str, ModelInfo]) -> str:
+    """The default model of a gateway whose settings name none: the one model a worker serves.
+
+    With none, ``no_worker``; with several, ``bad_request`` asking the caller to name one, since which of them
+    a request meant cannot be known.
+    """
+    served = served_models(models)
+    if len(served) == 1:
+        return served[0]
+    if not served:
+        raise ApiError("no_worker", "no worker serves a model yet: the default model is the one the workers serve; "
+                                    "retry once one has started")
+    raise ApiError("bad_request", f"the workers serve several models ({', '.join(served)}) and the gateway names no "
+                                  f"default: name the model (POST /models/{{model}}), or set ZBATCH_DEFAULT_MODEL")
+
+
+def followed_config(config: GatewayConfig, models: Mapping[str, ModelInfo]) -> GatewayConfig:
+    """``config`` with the default model it follows filled in, where its settings name none and one is served."""
+    if config.named_default_model or len(served_models(models)) != 1:
+        return config
+    return dataclasses.replace(config, default_model=followed_default(models))
 
 
 def worker_count(stats: Mapping[str, Any], model: str) -> int:

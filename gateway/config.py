@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from gateway.guard import check_api_keys_file
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
 from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
+from zbatch.runtime.settings import INSECURE_HELP, MODELS_HELP, check_endpoints, check_exposure, load, option
 
 # processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
 # measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
@@ -41,7 +41,9 @@ class GatewayConfig:
         "tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated (several brokers: requests "
         "spread over the live ones)", check=check_endpoints
     )
-    default_model: str = option("all-MiniLM-L6-v2", "model that serves plain-text POST /")
+    default_model: str = option("", "the model behind plain-text POST / (and TEI's routes, unless tei_model says "
+                                "otherwise); empty: the first of models, else the one model the brokers serve (with "
+                                "several and none named, POST / asks the caller to name one)")
     tei_model: str = option("", "model behind TEI's /embed, /embed_all, /similarity, /tokenize, /decode, /info "
                                 "and /health; empty: the default model")
     tei_sparse_model: str = option("", "model behind TEI's /embed_sparse (a sparse-embeddings model); empty: the "
@@ -49,10 +51,7 @@ class GatewayConfig:
     tei_rerank_model: str = option("", "model behind TEI's /rerank (a rerank model); empty: the TEI model")
     tei_predict_model: str = option("", "model behind TEI's /predict (a text-classification model); empty: "
                                         "the TEI model")
-    models: tuple[str, ...] = option(
-        (),
-        "comma-separated models that /readyz requires a worker for; empty means the default model",
-    )
+    models: tuple[str, ...] = option((), MODELS_HELP)
     timeout_ms: int = option(
         30000,
         "request timeout in ms; match the broker's default: it bounds how long the gateway waits",
@@ -116,12 +115,21 @@ class GatewayConfig:
             raise ValueError(problem)
 
     @property
+    def named_default_model(self) -> str:
+        """The default model the settings name: ``default_model``, else the first of ``models``; "": none, and
+        the gateway follows the brokers (:meth:`gateway.catalog.Catalog.default_model`)."""
+        return self.default_model or (self.models[0] if self.models else "")
+
+    @property
     def tei_models(self) -> dict[str, str]:
-        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route)."""
-        main = self.tei_model or self.default_model
+        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route);
+        "": the default model, whichever the brokers serve.  TEI's root, JSON at ``POST /``, runs the default
+        model, as the root's plain text does."""
+        main = self.tei_model or self.named_default_model
         return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
                 "/info": main, "/health": main, "/embed_sparse": self.tei_sparse_model or main,
-                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main}
+                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main,
+                "/": self.named_default_model}
 
     @property
     def process_count(self) -> int:
@@ -130,8 +138,8 @@ class GatewayConfig:
 
     @property
     def required_models(self) -> tuple[str, ...]:
-        """The models that must have a worker before the gateway calls itself ready."""
-        return self.models or (self.default_model,)
+        """The models that must have a worker before the gateway calls itself ready; none named: any one model."""
+        return self.models or ((self.default_model,) if self.default_model else ())
 
 
 def check_grpc_port(port: int) -> str | None:

@@ -196,9 +196,9 @@ ZBATCH_ERRORS = ErrorShape("Error", {
 }, _zbatch_answer)
 
 
-def json_errors(shape_of: Callable[[str], ErrorShape]) -> Middleware:
-    """The middleware that answers every failure below it as JSON in the shape ``shape_of`` gives the path;
-    unexpected failures are logged."""
+def json_errors(shape_of: Callable[[str, str], ErrorShape]) -> Middleware:
+    """The middleware that answers every failure below it as JSON in the shape ``shape_of`` gives the path and
+    the request's media type; unexpected failures are logged."""
 
     @web.middleware
     async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -216,7 +216,7 @@ def json_errors(shape_of: Callable[[str], ErrorShape]) -> Middleware:
             log.exception("unexpected error answering %s %s", request.method, request.path,
                           extra={"request_id": request.get(REQUEST_ID, "")})
             error = internal_error()
-        status, body = shape_of(request.path).answer(error)
+        status, body = shape_of(request.path, request.content_type).answer(error)
         if error.code in CLOSING_CODES:
             return ClosingResponse(request, text=orjson.dumps(body).decode(), status=status,
                                    headers=error.headers, content_type="application/json")

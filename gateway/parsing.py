@@ -145,20 +145,39 @@ def model_options(body: Mapping[str, Any], names: Iterable[str]) -> dict[str, An
     return parameters
 
 
+def truncate_prompt_tokens(body: Mapping[str, Any]) -> None:
+    """vLLM's ``truncate_prompt_tokens`` (its benchmark sends -1), which the workers' own truncation covers.
+
+    -1 (or null) cuts each input at the model's maximum length, as the workers do unless ``truncate`` is
+    false; a count of tokens is refused, since the workers cut only at the model's maximum.
+    """
+    value = body.get("truncate_prompt_tokens")
+    if value is None or (type(value) is int and value == -1):
+        return
+    raise bad_request('"truncate_prompt_tokens" may only be -1 (cut each input at the model\'s maximum length, '
+                      "which zbatch does anyway) or null; zbatch cannot cut inputs at another number of tokens",
+                      param="truncate_prompt_tokens")
+
+
 def check_limits(config: GatewayConfig, model: str, items: int, texts: Iterable[str] = ()) -> None:
     """Refuse a model name, more inputs or longer texts than this gateway takes, before the broker sees them.
 
     ``items``: how many inputs; ``texts``: every text in them (both of a pair; none for images, which
     the body size bounds).
     """
+    check_inputs(config, items, texts)
+    if not 1 <= len(model) <= MAX_NAME_CHARS:
+        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
+
+
+def check_inputs(config: GatewayConfig, items: int, texts: Iterable[str] = ()) -> None:
+    """Refuse more inputs or longer texts than this gateway takes (as :func:`check_limits`, without a model)."""
     if items > config.max_inputs:
         raise ApiError("too_many_inputs", f"{items} inputs; the limit is {config.max_inputs} per request: split it")
     longest = max(map(len, texts), default=0)
     if longest > config.max_input_chars:
         raise ApiError("input_too_long",
                        f"an input has {longest} characters; the limit is {config.max_input_chars}")
-    if not 1 <= len(model) <= MAX_NAME_CHARS:
-        raise bad_request(f"the model name must have 1 to {MAX_NAME_CHARS} characters")
 
 
 def request_timeout_ms(request: web.Request) -> int | None:

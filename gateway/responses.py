@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from gateway.catalog import followed_config, models_of
 from gateway.config import GatewayConfig
 from gateway.dialects import routes_by_dialect
 
@@ -69,6 +70,7 @@ def models_listing(stats: Mapping[str, Any], config: GatewayConfig) -> dict[str,
     """``GET /models``: every model the broker knows, its task, the routes of each dialect that answer it
     (as each dialect declares; TEI's only where ``config`` puts it), its figures and the workers serving it."""
     workers = stats.get("workers", [])
+    config = followed_config(config, models_of(stats))
     listing = []
     for name, figures in sorted(stats.get("models", {}).items()):
         task = (figures.get("info") or {}).get("task")

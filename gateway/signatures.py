@@ -65,11 +65,16 @@ Tensor = tuple[str, str, list[int]]  # name, datatype, shape (-1: any size)
 
 @dataclass(frozen=True)
 class Signature:
-    """A task's tensors: (name, datatype, shape) of its inputs, optional ones last, and of its outputs."""
+    """A task's tensors: (name, datatype, shape) of its inputs, optional ones last, and of its outputs.
+
+    ``batched``: every tensor's first dimension is the batch, one element or row per input (not so where
+    outputs are flat lists over the whole request: sparse entries, detections).
+    """
 
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
     optional: frozenset[str] = frozenset()
+    batched: bool = True
 
     @property
     def output_names(self) -> list[str]:
@@ -86,7 +91,7 @@ def signature(info: ModelInfo | None) -> Signature:
         return Signature(text, (("embedding", "FP32", [-1, dim]),))
     if task == v.SPARSE_EMBEDDINGS:
         return Signature(text, (("indices", "INT32", [-1]), ("values", "FP32", [-1]),
-                                ("batch_index", "INT32", [-1])))
+                                ("batch_index", "INT32", [-1])), batched=False)
     if task == v.RERANK:
         return Signature((("query", "BYTES", [-1]), ("texts", "BYTES", [-1])), (("scores", "FP32", [-1]),))
     if task in v.CLASSIFICATION:
@@ -95,7 +100,8 @@ def signature(info: ModelInfo | None) -> Signature:
         return Signature((("image", "BYTES", [-1]),), scored)
     if task == v.OBJECT_DETECTION:
         return Signature((("image", "BYTES", [-1]),), (("boxes", "INT32", [-1, 4]), ("labels", "BYTES", [-1]),
-                                                       ("scores", "FP32", [-1]), ("batch_index", "INT32", [-1])))
+                                                       ("scores", "FP32", [-1]), ("batch_index", "INT32", [-1])),
+                         batched=False)
     return Signature(text, (("output", "BYTES", [-1]),))
 
 

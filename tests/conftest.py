@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wait_for_worker
+from tests.hub import GATED_ID, MODEL_ID, FakeHub, Repo, build_cache
 from worker.runners import DEFAULT_MODEL_NAME
+from zbatch.hub import bundled_model_path
 from zbatch.testing import START_CACHE_ENV
 
 
@@ -46,3 +48,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face cache (HF_HUB_CACHE) holding the bundled model as sentence-transformers/all-MiniLM-L6-v2 at a
+    fake commit, with main and the tag v1.0 pointing at it (tests/hub.py)."""
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    build_cache(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def fake_hub() -> Iterator[FakeHub]:
+    """A fake of the Hub on a local port (tests/hub.py): the bundled model as sentence-transformers/all-MiniLM-L6-v2,
+    and a gated copy of it whose files are refused as the Hub refuses a gated model's."""
+    model = Path(bundled_model_path())
+    with FakeHub({MODEL_ID: Repo(model), GATED_ID: Repo(model, gated=True)}) as hub:
+        yield hub

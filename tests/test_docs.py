@@ -79,7 +79,30 @@ def test_shell_samples_parse(sample: Sample) -> None:
 
 def test_every_dialect_page_has_a_runnable_example_for_each_of_its_clients() -> None:
     runnable = {(sample.page, sample.language) for sample in ALL_SAMPLES if sample.runnable}
-    for page in ("huggingface", "openai", "tei", "kserve", "zeromq"):
+    for page in ("huggingface", "openai", "tei", "kserve", "zeromq", "cohere"):
         assert (f"docs/dialects/{page}.md", "python") in runnable, page
-    for page in ("huggingface", "openai", "tei", "kserve"):
+    for page in ("huggingface", "openai", "tei", "kserve", "cohere"):
         assert (f"docs/dialects/{page}.md", "sh") in runnable, page
+
+
+# "issue 33", "issues 23–25", "(issue #34)": the project's own tracker, which users cannot read.
+INTERNAL_ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+# A throughput a page quotes: one or more numbers (a range, a list) before texts/s, requests/s...
+THROUGHPUT = re.compile(r"(?:\d+(?:,\d{3})*(?:\.\d+)?(?:–| to | and |, )?)+ ?(?:texts|requests|req|answers|refusals)/s")
+USER_PAGES = [ROOT / "README.md", *PAGES]
+
+
+@pytest.mark.parametrize("path", USER_PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_page_cites_an_internal_issue(path: Path) -> None:
+    """Users read the docs without the project's issue tracker: a page says what it means, not "issue 33"."""
+    assert INTERNAL_ISSUE.findall(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", USER_PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_throughput_a_page_quotes_is_in_benchmarks(path: Path) -> None:
+    """A measured rate on a page is BENCHMARKS.md's, as it wrote it, not a rounding or an older run's."""
+    measured = set(NUMBER.findall((ROOT / "BENCHMARKS.md").read_text()))
+    quoted = [(figure.group(0), number) for figure in THROUGHPUT.finditer(path.read_text())
+              for number in NUMBER.findall(figure.group(0))]
+    assert [(figure, number) for figure, number in quoted if number not in measured] == []

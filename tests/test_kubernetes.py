@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import re
@@ -37,6 +38,7 @@ from gateway.metrics import GatewayMetrics
 from worker.config import WorkerConfig
 from worker.config import load_config as load_worker_config
 from zbatch.client import AsyncClient
+from zbatch.hub import is_hub_id, public_name
 from zbatch.runtime.curve import key_name, load_public_key
 from zbatch.runtime.settings import CONFIG_ENV, env_name, split_endpoints
 
@@ -455,12 +457,31 @@ def test_the_gpu_worker_has_its_gpu_its_threads_and_an_offline_model(configs: Ca
     for worker in worker_configs(configs):
         assert worker.device == "cuda:0", "the pod's one GPU; no quiet fall back to the CPU"
         assert worker.torch_threads == int(resources["requests"]["cpu"]), "Python sees the node's cores"
-        model = Path(worker.model_path).name  # the model's name, too
-        [mount] = [m for m in container["volumeMounts"] if worker.model_path.endswith(f"{m['mountPath']}/{model}")]
+        assert worker.model and not worker.model_path, "named once, by the setting that takes a Hub id"
+        # A Hub id is read from the Hugging Face cache on the models volume, where the loader pod's hf puts it.
+        assert is_hub_id(worker.model)
+        [mount] = [m for m in container["volumeMounts"] if env["HF_HUB_CACHE"].startswith(m["mountPath"] + "/")]
         assert mount["readOnly"] is True
         assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-        assert f"zbatch-model-loader:{mount['mountPath']}/{model}" in PAGE, "the page copies it where it is read"
-        assert model in gateway_config(configs).required_models
+        loader = container_of(LOADER_POD)
+        [loader_mount] = [m for m in loader["volumeMounts"] if m["mountPath"] == mount["mountPath"]]
+        [loader_volume] = [v for v in pod_spec(LOADER_POD)["volumes"] if v["name"] == loader_mount["name"]]
+        assert loader_volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert environment(loader, LOADER_POD["metadata"]["name"])["HF_HOME"] + "/hub" == env["HF_HUB_CACHE"]
+        assert f"zbatch-model-loader -- hf download {worker.model} " in PAGE, "the page downloads it there"
+
+
+def test_the_model_is_named_once_and_the_gateway_and_the_autoscaler_follow_it(configs: Callable[[str], Any]) -> None:
+    """Changing the workers' model changes what the whole cluster serves: nothing else names it."""
+    gateway = gateway_config(configs)
+    assert (gateway.named_default_model, gateway.required_models) == ("", ()), "the gateways follow the brokers"
+    assert all(not broker_config(configs, ordinal).models for ordinal in range(BROKER["spec"]["replicas"]))
+    for hpa in of_kind("HorizontalPodAutoscaler"):
+        for metric in hpa["spec"]["metrics"]:
+            source = metric.get("external") or metric.get("pods") or {}
+            assert "model" not in source.get("metric", {}).get("selector", {}).get("matchLabels", {}), hpa
+    served = {public_name(worker.model) for worker in worker_configs(configs)}
+    assert served == {"sentence-transformers/all-MiniLM-L6-v2"}
 
 
 def test_pods_run_unprivileged_on_a_read_only_root() -> None:
@@ -498,8 +519,11 @@ def test_each_workload_has_a_disruption_budget() -> None:
 def exported_series(configs: Callable[[str], Any]) -> dict[str, list[dict[str, str]]]:
     """The series a gateway and a broker configured as in the manifests export: name -> labels of each sample."""
     gateway = gateway_config(configs)
-    families = [*GatewayMetrics({gateway.default_model, *gateway.required_models}).registry.collect(),
-                *broker_families(BrokerCore(broker_config(configs).core_settings(), time.monotonic))]
+    # The brokers as they are once the workers registered: they know the model the workers serve.
+    served = tuple(sorted({public_name(worker.model) for worker in worker_configs(configs)}))
+    settings = dataclasses.replace(broker_config(configs).core_settings(), models=served)
+    families = [*GatewayMetrics(set(gateway.required_models)).registry.collect(),
+                *broker_families(BrokerCore(settings, time.monotonic))]
     series: dict[str, list[dict[str, str]]] = {}
     for family in families:
         for sample in family.samples:

@@ -18,6 +18,7 @@ from gateway.server import RESERVED_FILES
 from worker.config import WorkerConfig
 from worker.config import load_config as load_worker_config
 from zbatch.client import AsyncClient
+from zbatch.hub import CONFIG_EXIT_CODE
 from zbatch.tools.status import load_config as load_status_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +94,9 @@ def test_services_are_set_up_for_production(daemon: str) -> None:
                        "PartOf": "zbatch.target", "WantedBy": "zbatch.target", "LimitNOFILE": "65536"}
                       | HARDENING).items():
         assert settings.get(key) == value, f"{path.name}: {key}={settings.get(key)}, want {value}"
+    # What zbatch serve does not restart either (zbatch/supervisor/policy.py): bad settings, a model not to be had.
+    prevented = f"2 {CONFIG_EXIT_CODE}" if daemon == "worker" else "2"
+    assert settings.get("RestartPreventExitStatus") == prevented, path.name
     assert values(path, "ExecStart") == [
         f"/opt/zbatch/venv/bin/zbatch-{daemon} --config /etc/zbatch/zbatch.toml"
         + (" --device cuda:0 --name %H-gpu%i" if daemon == "worker" else "")

@@ -31,8 +31,16 @@ class WorkerConfig:
 
     backend: str = option("tcp://127.0.0.1:5556", "the brokers' worker endpoints, comma-separated (several "
                           "brokers: the worker registers with each and splits its capacity)", check=check_endpoints)
-    model_path: str = option("", "folder of a transformers model (default: the bundled all-MiniLM-L6-v2)")
-    model_name: str = option("", "public model name (default: all-MiniLM-L6-v2, or the folder's name)")
+    model: str = option("", "the model to serve: a Hugging Face Hub id (org/name), downloaded once into the Hugging "
+                        "Face cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: from the cache only), or a folder (a path that "
+                        "exists, or starts with /, . or ~); empty: the bundled all-MiniLM-L6-v2")
+    revision: str = option("", "the Hub model's branch, tag or commit (empty: main); not for a folder")
+    model_path: str = option("", "deprecated: a model folder, as --model takes it (one of the two, not both)")
+    model_name: str = option("", "the name the model is served as (vLLM's --served-model-name; default: the Hub id, "
+                             "the folder's name, or all-MiniLM-L6-v2)")
+    trust_remote_code: bool = option(False, "run Python code the model brings with it (config.json auto_map), as "
+                                     "transformers' trust_remote_code=True; off: such a model stops the worker at "
+                                     "start, saying so")
     task: str = option("embeddings", "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
                        "'text-classification', 'image-classification', 'object-detection' or another transformers "
                        "pipeline task such as fill-mask")
@@ -114,6 +122,9 @@ class WorkerConfig:
         problem = problem or check_exposure({"backend": self.backend}, curve=bool(self.curve_server_key_file),
                                             insecure=self.insecure)
         problem = problem or self._check_name_is_key_name()
+        if not problem and self.model and self.model_path:
+            problem = (f"model ({self.model!r}) and model_path ({self.model_path!r}) both name the model: set model "
+                       f"alone (model_path is its deprecated folder form)")
         if problem:
             raise ValueError(problem)
 

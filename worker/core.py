@@ -48,6 +48,28 @@ The rules:
    registered broker acknowledged it (ordered delivery: no request follows),
    the core says ``DrainAcknowledged``, and ``Drained`` once nothing is held.
 
+**The worker's side of work conservation** (PROTOCOL.md 6.1: no request
+is refused for load while a worker of its model has free credit for it and
+nothing of its priority or higher waits).  The broker's credit is only as
+good as the worker's room, so the worker never declines or holds back work
+it has room for:
+
+* it declines a REQUEST only when the items it holds plus the request's
+  would pass its capacity (a worker of several brokers, whose shares
+  changed while the request travelled), and a worker of one broker never
+  declines;
+* every registered broker has been told its share as it is after each
+  event (:meth:`~worker.shares.Shares.changed`), and the shares told add up
+  to no more than the capacity the unregistered brokers' work leaves;
+* its engine never idles while items wait beyond the batching window: when
+  the engine frees, or a request comes to an idle one, a batch is submitted
+  at once or a ``WakeAt`` is set no later than ``max_batch_delay`` (or the
+  wait for the clients the last batch answered, a share of its time) from
+  now.
+
+tests/worker/test_work_conserving.py holds the core to all three through
+random sequences of requests, batches, cancels, links and time.
+
 The core owns everything it is given (the slots, the shares and each
 request's state); other threads see only the immutable values the actions
 carry.

@@ -52,6 +52,7 @@ from worker.link import BrokerLink
 from worker.metrics import worker_families
 from worker.runners.phases import process_age_s
 from worker.slots import model_slots
+from worker.sources import fetch_models
 from worker.stages import BatchWork, Prepared
 from zbatch.protocol import wire
 from zbatch.protocol.wire import BrokerToWorkerMessage
@@ -73,6 +74,7 @@ class WorkerServer(daemon.Service):
         self.config = config
         self.freed_memory = config.freed_memory
         self.slots = model_slots(config)
+        fetch_models(self.slots)  # each model's local folder, before anything loads
         self.endpoints = split_endpoints(config.backend)
         self._core: WorkerCore | None = None  # once the models are loaded: their batch sizes set the capacity
         self._context = zmq.asyncio.Context()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -302,6 +303,48 @@ def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env
     """
     settings = {"frontend": broker.frontend, "processes": 1} | settings
     return start_http("gateway", "gateway", log_dir, ready=ready, env=env, interpreter=None, **settings)
+
+
+def spawn_serve(log_dir: Path, name: str = "zbatch-serve", /, *args: str, brokers: int = 1,
+                env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+    """``zbatch serve`` with ``brokers`` brokers and its gateway on free ports; no wait (see :func:`serves`).
+
+    Its daemons log into its own log, each line under its name and pid.  The endpoints: ``url`` (the
+    gateway), ``frontend`` (the brokers' frontends, comma-separated, as a client of all of them takes them).
+    """
+    frontends, backends = [endpoint() for _ in range(brokers)], [endpoint() for _ in range(brokers)]
+    port = free_port()
+    daemon = spawn("zbatch", name, log_dir, "serve", *args, env=env, interpreter=None, port=port,
+                   frontend=",".join(frontends), backend=",".join(backends), **settings)
+    daemon.endpoints |= {"url": f"http://127.0.0.1:{port}", "frontend": ",".join(frontends)}
+    return daemon
+
+
+def serves(daemon: Daemon) -> bool:
+    """Whether ``zbatch serve`` has said that its whole stack serves; fails at once if it has exited."""
+    daemon.check()
+    return "serving on http://" in daemon.log_path.read_text(errors="replace")
+
+
+def supervised_pids(daemon: Daemon) -> dict[str, int]:
+    """The pid of each daemon ``zbatch serve`` started last ("broker", "broker-1", "worker-0", ...), from its log."""
+    text = daemon.log_path.read_text(errors="replace")
+    return {match[0]: int(match[1]) for match in re.findall(r"zbatch.serve: started (\S+) \(pid (\d+)\)", text)}
+
+
+def wait_ready_again(daemon: Daemon, unit: str, old_pid: int, timeout_s: float = START_TIMEOUT_S) -> float:
+    """Until ``zbatch serve`` says its ``unit`` is ready again in a process other than ``old_pid``; returns how long
+    it was out, as the supervisor counts it (from the exit it saw to READY=1)."""
+    pattern = re.compile(rf"zbatch.serve: {re.escape(unit)} \(pid (\d+)\) is ready again, ([\d.]+) s after it exited")
+
+    def ready_again() -> float | None:
+        daemon.check()
+        text = daemon.log_path.read_text(errors="replace")
+        found = [match for match in pattern.finditer(text) if int(match[1]) != old_pid]
+        current = supervised_pids(daemon).get(unit)
+        return float(found[-1][2]) if found and int(found[-1][1]) == current else None
+
+    return wait_until(ready_again, timeout_s, f"{unit} to be ready again", daemon.log)
 
 
 class Daemons(dict[str, Daemon]):

@@ -10,13 +10,20 @@ finds, the error middleware asks :func:`error_shape_of`, and the document
 and its tests.  A dialect imports the gateway's shared modules, never
 another dialect (tests/test_layout.py).
 
+Two dialects may answer one route, told apart by the request's media type:
+a :class:`Claim` takes the requests of its media types on another dialect's
+route (TEI's JSON at the gateway's ``POST /``), which :func:`all_routes`
+mounts once, and whose errors then take the claiming dialect's shape.
+
 * :mod:`~gateway.dialects.zbatch`: the gateway's own, ``POST /``, health, readiness, models, statistics.
 * :mod:`~gateway.dialects.huggingface`: the Hugging Face Inference API shapes of ``POST /models/{model}``.
 * :mod:`~gateway.dialects.openai`: OpenAI's ``/v1/models`` and ``/v1/embeddings``.
-* :mod:`~gateway.dialects.tei`: Hugging Face Text Embeddings Inference.
+* :mod:`~gateway.dialects.tei`: Hugging Face Text Embeddings Inference, and JSON at ``POST /`` as TEI's root.
+* :mod:`~gateway.dialects.cohere`: Cohere's rerank (``/v1/rerank``, ``/v2/rerank``), which Jina's and infinity's
+  clients speak too.
 * :mod:`~gateway.dialects.kserve`: the Open Inference Protocol (KServe v2, Triton) over HTTP under ``/v2``.
 
-The KServe v2 gRPC service (gateway/grpc/) is a protocol of its own port,
+The KServe v2 gRPC service (gateway/kserve_grpc/) is a protocol of its own port,
 not a set of HTTP routes; it shares the KServe tensors of each task with the
 HTTP dialect through gateway/signatures.py.
 """
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gateway.errors import ZBATCH_ERRORS, ErrorShape
 
@@ -46,6 +54,16 @@ def no_routes(task: str | None, model: str | None, config: GatewayConfig | None)
 
 
 @dataclass(frozen=True)
+class Claim:
+    """The requests of ``media_types`` on another dialect's route (``method`` ``path``), which ``handler`` answers."""
+
+    method: str
+    path: str
+    media_types: frozenset[str]
+    handler: Handler
+
+
+@dataclass(frozen=True)
 class Dialect:
     """What one dialect module declares.
 
@@ -55,6 +73,7 @@ class Dialect:
     are answered in ``errors``; an exact path wins over a prefix, a longer prefix over a shorter.
     ``openapi_paths`` and ``openapi_schemas``: its part of ``/openapi.json``.
     ``answers``: its routes that answer a model of a task (:data:`RoutesFor`).
+    ``claims``: the requests it answers on other dialects' routes, by media type (:class:`Claim`).
     ``order``: where its routes go among the dialects' (lower first).
     """
 
@@ -67,6 +86,7 @@ class Dialect:
     openapi_paths: Mapping[str, Any] = field(default_factory=dict)
     openapi_schemas: Mapping[str, Any] = field(default_factory=dict)
     answers: RoutesFor = no_routes
+    claims: Sequence[Claim] = ()
     order: int = 50
 
 
@@ -82,8 +102,12 @@ def declared() -> tuple[Dialect, ...]:
     return tuple(sorted(found, key=lambda dialect: (dialect.order, dialect.name)))
 
 
-def error_shape_of(path: str) -> ErrorShape:
-    """The error shape a path answers in: its dialect's (see :class:`Dialect`), else the gateway's own."""
+def error_shape_of(path: str, media_type: str = "") -> ErrorShape:
+    """The error shape a request answers in: that of the dialect claiming its path and media type
+    (:class:`Claim`), else its path's dialect's (see :class:`Dialect`), else the gateway's own."""
+    claimed = _claimed().get(path)
+    if claimed is not None and media_type in claimed[1].media_types:
+        return claimed[0].errors
     exact, prefixes = _error_owners()
     shape = exact.get(path)
     if shape is not None:
@@ -109,5 +133,30 @@ def routes_by_dialect(task: str | None, model: str | None = None,
     return {name: routes for name, routes in sorted(answering.items()) if routes}
 
 
+@functools.cache
+def _claimed() -> dict[str, tuple[Dialect, Claim]]:
+    """Each claimed path, with its claim and the dialect claiming it."""
+    return {claim.path: (dialect, claim) for dialect in declared() for claim in dialect.claims}
+
+
 def all_routes() -> list[web.RouteDef]:
-    return [route for dialect in declared() for route in dialect.routes]
+    """Every dialect's routes, in order; a claimed route answers the claim's media types with the claim's handler."""
+    claims = {(claim.method, claim.path): claim for _, claim in _claimed().values()}
+    routes = []
+    for route in (route for dialect in declared() for route in dialect.routes):
+        claim = claims.pop((route.method, route.path), None) if isinstance(route, web.RouteDef) else None
+        routes.append(route if claim is None else
+                      web.route(route.method, route.path, by_media_type(claim, route.handler), **route.kwargs))
+    if claims:
+        raise ValueError(f"claims on routes no dialect declares: {sorted(claims)}")
+    return routes
+
+
+def by_media_type(claim: Claim, handler: Handler) -> Handler:
+    """One handler for a shared route: the claim's for its media types, ``handler`` for the rest."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.content_type in claim.media_types:
+            return await claim.handler(request)
+        return await handler(request)
+
+    return answer

@@ -1,7 +1,9 @@
 """The Open Inference Protocol (KServe v2; Triton, MLServer and tritonclient speak it) over HTTP, under ``/v2``.
 
 Health and metadata: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
-``/v2/models/{model}``, ``/v2/models/{model}/ready``.  Inference:
+``/v2/models/{model}``, ``/v2/models/{model}/ready``, and Triton's model
+configuration, ``/v2/models/{model}/config`` (gateway/model_config.py), which
+``perf_analyzer`` reads before it sends anything.  Inference:
 ``POST /v2/models/{model}/infer``, in the JSON form or Triton's binary tensor
 extension, which tritonclient uses by default.  Each task's tensors are
 gateway/signatures.py's, which the gRPC service (gateway/grpc/) shares.
@@ -36,6 +38,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects import Dialect
 from gateway.errors import ApiError, ErrorShape, bad_request
 from gateway.inference import call_of, token_headers
+from gateway.model_config import model_config
 from gateway.openapi_parts import (
     BROKER_QUERY_ERRORS,
     EXAMPLE_MODEL,
@@ -93,6 +96,12 @@ async def get_model(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}``: the model's inputs and outputs, from its task."""
     info = await known_model(request.app[CLIENT], request.app[CATALOG], request.match_info["model"])
     return json_response(model_metadata(info))
+
+
+async def get_model_config(request: web.Request) -> web.Response:
+    """``GET /v2/models/{model}/config``: Triton's configuration of the model, from its task."""
+    info = await known_model(request.app[CLIENT], request.app[CATALOG], request.match_info["model"])
+    return json_response(model_config(info, request.app[CONFIG].max_inputs))
 
 
 async def get_model_ready(request: web.Request) -> web.Response:
@@ -249,6 +258,17 @@ SCHEMAS: dict[str, Any] = {
         "platform": {"type": "string", "description": "zbatch/TASK"},
         "inputs": {"type": "array", "items": ref("TensorMetadata")},
         "outputs": {"type": "array", "items": ref("TensorMetadata")}}),
+    "ModelConfig": object_schema(["name", "max_batch_size", "input", "output"], {
+        "name": {"type": "string"}, "platform": {"type": "string"}, "backend": {"type": "string"},
+        "max_batch_size": {"type": "integer", "minimum": 0},
+        "input": {"type": "array", "items": ref("ModelTensorConfig")},
+        "output": {"type": "array", "items": ref("ModelTensorConfig")},
+        "dynamic_batching": object_schema([], {"preferred_batch_size": {"type": "array",
+                                                                        "items": {"type": "integer"}}})}),
+    "ModelTensorConfig": object_schema(["name", "data_type", "dims"], {
+        "name": {"type": "string"}, "data_type": {"type": "string", "description": "TYPE_STRING, TYPE_FP32..."},
+        "dims": {"type": "array", "items": {"type": "integer"}}, "optional": {"type": "boolean"},
+        "reshape": object_schema(["shape"], {"shape": {"type": "array", "items": {"type": "integer"}}})}),
     "InferenceRequest": object_schema(["inputs"], {
         "id": {"type": "string"},
         "parameters": {"type": "object", "description": "The task's parameters; binary_data_output"},
@@ -286,6 +306,10 @@ PATHS: dict[str, Any] = {
     "/v2/models/{model}": get("KServe v2: the model's input and output tensors, from its task",
                               answer("Model", ref("ModelMetadata")), *BROKER_QUERY_ERRORS, "unknown_model",
                               shape=ERRORS, parameters=MODEL),
+    "/v2/models/{model}/config": get("Triton: the model's configuration (max_batch_size, inputs and outputs in "
+                                     "Triton's form), from its task", answer("Model configuration", ref(
+                                         "ModelConfig")), *BROKER_QUERY_ERRORS, "unknown_model", shape=ERRORS,
+                                     parameters=MODEL),
     "/v2/models/{model}/ready": get("KServe v2: ready while a worker serves the model",
                                     answer("Ready", object_schema(["name", "ready"], {
                                         "name": {"type": "string"}, "ready": {"type": "boolean"}})),
@@ -308,6 +332,7 @@ DIALECT = Dialect(
             # The model name may hold slashes (org/name): the longer paths are tried first.
             web.post("/v2/models/{model:.+}/infer", post_infer),
             web.get("/v2/models/{model:.+}/ready", get_model_ready),
+            web.get("/v2/models/{model:.+}/config", get_model_config),
             web.get("/v2/models/{model:.+}", get_model)),
     errors=ERRORS, error_paths=frozenset({"/v2"}), error_prefixes=("/v2/",), openapi_paths=PATHS,
     openapi_schemas=SCHEMAS, answers=answers, order=40,

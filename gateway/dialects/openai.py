@@ -7,8 +7,11 @@
   float32, which the SDK asks for by default), ``dimensions`` (the first N numbers,
   re-normalised by the worker; more than the model has is a 400) and ``user``
   (ignored); and, beyond OpenAI's fields (the SDK's ``extra_body``), ``prompt_name``
-  (a prompt of the model's, as TEI's).  ``usage`` counts the tokens the model took
-  (PROTOCOL.md 5.1).
+  (a prompt of the model's, as TEI's), and vLLM's ``truncate_prompt_tokens``, which
+  ``vllm bench serve`` sends: -1 (cut at the model's maximum length, as the workers
+  do anyway) or null; a count of tokens is a 400 (gateway/parsing.py).  Other fields
+  are ignored, as vLLM ignores them.  ``usage`` counts the tokens the model took
+  (PROTOCOL.md 5.1), which ``vllm bench serve`` reads as ``prompt_tokens``.
 
 Errors on these paths are in OpenAI's shape, ``{"error": {"message", "type",
 "param", "code"}}``, with the gateway's statuses (gateway/errors.py), so the
@@ -39,7 +42,7 @@ from gateway.openapi_parts import (
     object_schema,
     ref,
 )
-from gateway.parsing import model_options, parse_inputs, read_json
+from gateway.parsing import model_options, parse_inputs, read_json, truncate_prompt_tokens
 from gateway.responses import encode_embedding, json_response
 from gateway.tasks import require_task
 from zbatch.protocol import vocabulary
@@ -103,6 +106,7 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[str], str, dict[st
         raise bad_request('"input" holds token ids: send the texts themselves, a string or a list of strings',
                           param="input")
     texts, _ = parse_inputs(body, "input")
+    truncate_prompt_tokens(body)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
         raise bad_request('"encoding_format" must be "float" or "base64"', param="encoding_format")
@@ -140,7 +144,10 @@ SCHEMAS: dict[str, Any] = {
                        "encoding_format": {"type": "string", "enum": list(ENCODINGS), "default": "float"},
                        "dimensions": {"type": "integer", "minimum": 1,
                                       "description": "Only the first N numbers, re-normalised"},
-                       "user": {"type": "string"}, **PROMPT_NAME},
+                       "user": {"type": "string"}, **PROMPT_NAME,
+                       "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True,
+                                                  "description": "vLLM's: -1 only (cut each input at the model's "
+                                                                 "maximum length, as always)"}},
     },
     "EmbeddingsResponse": {
         "type": "object", "required": ["object", "data", "model", "usage"],

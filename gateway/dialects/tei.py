@@ -10,6 +10,12 @@ route, from its settings (``GatewayConfig.tei_models``): ``ZBATCH_TEI_MODEL``
 another task answers TEI's 424, naming the routes that answer that task and
 the setting to change.
 
+JSON at the gateway's ``POST /`` is TEI's root, as TEI's own router mounts it
+(what ``huggingface_hub.InferenceClient(model="http://host:port")`` and TEI's
+load tests post): the route of the root model's task answers it, ``/embed``,
+``/embed_sparse``, ``/rerank`` or ``/predict``; the root model is the default
+model, which plain text at ``POST /`` runs too (gateway/dialects/zbatch.py).
+
 As TEI: ``prompt_name`` picks a prompt of the model's
 ``config_sentence_transformers.json`` (the worker's ``--default-prompt-name``
 applies when none is named); a batch of more than ``max_client_batch_size``
@@ -30,9 +36,9 @@ import numpy as np
 from aiohttp import web
 
 from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import ModelInfo, fleet_stats
+from gateway.catalog import ModelInfo, default_model, fleet_stats
 from gateway.config import GatewayConfig
-from gateway.dialects import Dialect
+from gateway.dialects import Claim, Dialect
 from gateway.errors import ERRORS as CODES
 from gateway.errors import ApiError, ErrorCode, ErrorShape, bad_request
 from gateway.inference import Call, Result, call_of, run, token_headers
@@ -52,15 +58,15 @@ from gateway.openapi_parts import (
     object_schema,
     ref,
 )
-from gateway.parsing import model_options, optional_flag, read_json
+from gateway.parsing import JSON_TYPES, model_options, optional_flag, read_json
 from gateway.responses import VERSION, json_response
 from gateway.similarity import similarity, similarity_inputs
-from gateway.tasks import is_text_task, require_task
+from gateway.tasks import is_text_task, require_task, task_routes
 from zbatch.protocol import vocabulary as v
 
 TRUNCATION_OPTIONS = (v.TRUNCATE, v.TRUNCATION_DIRECTION)
 SETTINGS = {"/rerank": "ZBATCH_TEI_RERANK_MODEL", "/predict": "ZBATCH_TEI_PREDICT_MODEL",
-            "/embed_sparse": "ZBATCH_TEI_SPARSE_MODEL"}
+            "/embed_sparse": "ZBATCH_TEI_SPARSE_MODEL", "/": "ZBATCH_DEFAULT_MODEL"}
 MAIN_SETTING = "ZBATCH_TEI_MODEL"
 MAX_TOKEN_ID = 2**32 - 1  # TEI's ids are u32
 # TEI's status and error_type of the gateway's codes, where they differ from "the same status, Validation
@@ -90,14 +96,14 @@ ERRORS = ErrorShape("TEIError", object_schema(["error", "error_type"], {
     error_answer, lambda error: tei_status(error)[0])
 
 
-def route_model(request: web.Request) -> str:
-    """The model behind this TEI route."""
-    return request.app[CONFIG].tei_models[request.path]
+async def route_model(request: web.Request) -> str:
+    """The model behind this TEI route: its setting's, else the one model the brokers serve."""
+    return await default_model(request, request.app[CONFIG].tei_models[request.path])
 
 
 async def checked_model(request: web.Request, call: Call, needed: set[str] | frozenset[str]) -> str:
     """The route's model, after refusing one known to do another task (424, naming the setting)."""
-    model = route_model(request)
+    model = await route_model(request)
     require_task(model, await call.task_of(model), needed, request.path, SETTINGS.get(request.path, MAIN_SETTING))
     return model
 
@@ -134,12 +140,17 @@ def strings(value: Any, field: str, config: GatewayConfig) -> tuple[list[str], b
     return texts, single
 
 
-async def embedded(request: web.Request, options: tuple[str, ...], needed: str,
-                   operation: str = v.RUN) -> tuple[Result, list[str]]:
-    """Run an embedding route's ``inputs`` with its ``options`` through the route's model."""
+async def embedded(request: web.Request, options: tuple[str, ...], needed: str, operation: str = v.RUN,
+                   normalize_by_default: bool = False) -> tuple[Result, list[str]]:
+    """Run an embedding route's ``inputs`` with its ``options`` through the route's model.
+
+    ``normalize_by_default``: TEI's ``/embed`` normalizes unless told ``"normalize": false``, whatever the model's
+    modules declare (the workers' default is the model's own), so the route says so when the body does not."""
     body = await read_json(request)
     texts, _ = strings(body.get("inputs"), "inputs", request.app[CONFIG])
     parameters = model_options(body, (*options, *TRUNCATION_OPTIONS, v.PROMPT_NAME))
+    if normalize_by_default:
+        parameters.setdefault(v.NORMALIZE, True)
     call = call_of(request)
     model = await checked_model(request, call, {needed})
     return await run(call, model, texts, parameters, operation=operation), texts
@@ -148,7 +159,7 @@ async def embedded(request: web.Request, options: tuple[str, ...], needed: str,
 async def embed(request: web.Request) -> web.Response:
     """``POST /embed``: ``{"inputs", "normalize", "dimensions", "truncate", "truncation_direction", "prompt_name"}``
     -> one vector per input, always a list of vectors."""
-    result, texts = await embedded(request, (v.NORMALIZE, v.DIMENSIONS), v.EMBEDDINGS)
+    result, texts = await embedded(request, (v.NORMALIZE, v.DIMENSIONS), v.EMBEDDINGS, normalize_by_default=True)
     return tei_answer(result.outputs, result, texts)
 
 
@@ -242,7 +253,7 @@ async def post_similarity(request: web.Request) -> web.Response:
 
 async def text_model(request: web.Request, call: Call) -> str:
     """The route's model, which must take text (it has a tokenizer)."""
-    model = route_model(request)
+    model = await route_model(request)
     if not is_text_task(await call.task_of(model)):
         raise ApiError("wrong_task", f"{request.path} needs a text model, but {model!r} takes images; point "
                                      f"{MAIN_SETTING} at a text model")
@@ -291,6 +302,24 @@ async def decode(request: web.Request) -> web.Response:
     return tei_answer(result.outputs, result, result.outputs)
 
 
+# TEI's root answers as the route of its model's task (TEI's router mounts one of them at POST /).
+ROOT_ROUTES = {v.EMBEDDINGS: embed, v.SPARSE_EMBEDDINGS: embed_sparse, v.RERANK: rerank,
+               **dict.fromkeys(v.CLASSIFICATION, predict)}
+
+
+async def root(request: web.Request) -> web.StreamResponse:
+    """``POST /`` with JSON: TEI's root, answered by the TEI route of the root model's task; a model whose task
+    is not known yet is taken for an embeddings model, as TEI's ``{"inputs"}`` is most often an embed."""
+    model = await route_model(request)
+    task = await call_of(request).task_of(model)
+    handler = ROOT_ROUTES.get(task or v.EMBEDDINGS)
+    if handler is None:
+        raise ApiError("wrong_task", f"JSON at POST / is TEI's, which answers embeddings, sparse-embeddings, rerank "
+                                     f"and text-classification models; {model!r} is a {task} model: send its input "
+                                     f"as the body itself (text/plain), or use {task_routes(str(task))}")
+    return await handler(request)
+
+
 def model_type(info: ModelInfo) -> dict[str, Any]:
     """TEI's ``model_type``: embedding (mean pooling, as the workers pool; splade), reranker or classifier."""
     labels = {str(index): label for index, label in enumerate(info.labels or ())}
@@ -312,7 +341,7 @@ async def info(request: web.Request) -> web.Response:
     ``max_batch_requests`` is the model's batch size on its worker, ``max_batch_tokens`` that times
     its longest input, ``tokenization_workers`` the workers serving it.
     """
-    model = route_model(request)
+    model = await route_model(request)
     found = await request.app[CATALOG].lookup(request.app[CLIENT], model)
     if found is None:
         raise ApiError("unknown_model", f"no broker knows {model!r}, the model of TEI's routes "
@@ -331,7 +360,7 @@ async def info(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 with no body while a worker serves the TEI model, else 503 ``Unhealthy``."""
-    model = route_model(request)
+    model = await route_model(request)
     figures = (await fleet_stats(request)).get("models", {}).get(model)
     if not figures or figures.get("workers", 0) < 1:
         raise ApiError("no_worker", f"no worker serves {model!r}, the model of TEI's routes ({MAIN_SETTING})")
@@ -342,7 +371,7 @@ async def health(request: web.Request) -> web.Response:
 ROUTE_TASKS: dict[str, Any] = {"/embed": {v.EMBEDDINGS}, "/embed_all": {v.EMBEDDINGS},
                                "/similarity": {v.EMBEDDINGS}, "/embed_sparse": {v.SPARSE_EMBEDDINGS},
                                "/rerank": {v.RERANK}, "/predict": v.CLASSIFICATION, "/tokenize": is_text_task,
-                               "/decode": is_text_task, "/info": None, "/health": None}
+                               "/decode": is_text_task, "/info": None, "/health": None, "/": set(ROOT_ROUTES)}
 
 
 def answers(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
@@ -447,5 +476,7 @@ ROUTES = (web.post("/embed", embed), web.post("/embed_sparse", embed_sparse), we
           web.post("/tokenize", tokenize), web.post("/decode", decode), web.get("/info", info),
           web.get("/health", health))
 
-DIALECT = Dialect(name="tei", title="TEI", routes=ROUTES, errors=ERRORS, error_paths=frozenset(ROUTE_TASKS),
-                  openapi_paths=PATHS, openapi_schemas=SCHEMAS, answers=answers, order=30)
+DIALECT = Dialect(name="tei", title="TEI", routes=ROUTES, errors=ERRORS,
+                  error_paths=frozenset(ROUTE_TASKS) - {"/"},  # POST /'s JSON only: the claim
+                  openapi_paths=PATHS, openapi_schemas=SCHEMAS, answers=answers,
+                  claims=(Claim("POST", "/", JSON_TYPES, root),), order=30)

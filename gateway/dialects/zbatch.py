@@ -14,22 +14,25 @@ from typing import Any
 from aiohttp import web
 
 from gateway.appkeys import CLIENT, CONFIG
-from gateway.catalog import fleet_stats, readiness
+from gateway.catalog import default_model, fleet_stats, readiness
 from gateway.config import GatewayConfig
 from gateway.dialects import Dialect
 from gateway.errors import ApiError
 from gateway.inference import call_of, run, with_tokens
 from gateway.openapi_parts import BROKER_QUERY_ERRORS, answer, get, inference
-from gateway.parsing import TEXT_TYPES, decode_text, read_body
+from gateway.parsing import TEXT_TYPES, check_inputs, decode_text, read_body
 from gateway.responses import json_response, jsonable, models_listing
 
 READY_PROBE_TIMEOUT_MS = 1000
 
 
 async def post_text(request: web.Request) -> web.Response:
-    """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``."""
+    """The raw body is one text for the default model: ``curl -d "hello world" host:8000/``.  JSON is TEI's root,
+    which the TEI dialect claims (gateway/dialects/tei.py)."""
     text = decode_text(await read_body(request, TEXT_TYPES, optional=True), request.charset)
-    result = await run(call_of(request), request.app[CONFIG].default_model, [text], {})
+    config = request.app[CONFIG]
+    check_inputs(config, 1, [text])  # the caller's mistake first, then which model the gateway follows
+    result = await run(call_of(request), await default_model(request, config.named_default_model), [text], {})
     return with_tokens(json_response(result.outputs[0]), result)
 
 
@@ -73,7 +76,7 @@ async def get_stats(request: web.Request) -> web.Response:
 
 def answers(task: str | None, model: str | None, config: GatewayConfig | None) -> list[str]:
     """``POST /`` answers the default model, whatever its task."""
-    return ["POST /"] if config is not None and model == config.default_model else []
+    return ["POST /"] if config is not None and model == config.named_default_model else []
 
 
 ANY_OUTPUT = {"description": "The model's output for one input: for the embeddings task an array of floats"}
@@ -99,8 +102,13 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 PATHS: dict[str, Any] = {
-    "/": inference("Run the default model on the raw body (curl -d)",
-                   {"text/plain": {"schema": {"type": "string", "minLength": 1}, "example": "hello world"}},
+    "/": inference("Run the default model on the raw body (curl -d); JSON is TEI's root, as TEI's router mounts "
+                   "it: the TEI route of the default model's task answers it (/embed, /embed_sparse, /rerank or "
+                   "/predict), in TEI's shapes, errors and statuses",
+                   {"text/plain": {"schema": {"type": "string", "minLength": 1}, "example": "hello world"},
+                    "application/json": {"schema": {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name in
+                                                              ("EmbedRequest", "RerankRequest", "PredictRequest")]},
+                                         "example": {"inputs": "hello world"}}},
                    answer("The default model's output", ANY_OUTPUT, tokens=True)),
     "/healthz": get("Liveness: the gateway process answers", answer("Up", {"$ref": "#/components/schemas/Status"})),
     "/readyz": get("Readiness: a broker answers, is not draining and has a worker for every required model "

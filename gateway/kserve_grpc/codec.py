@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from gateway.errors import bad_request
 from gateway.kserve_grpc import grpc_predict_v2_pb2 as pb
+from gateway.kserve_grpc import model_config_pb2 as triton
 from gateway.signatures import MODEL_VERSION
 from gateway.tensors import InputTensor, OutputTensor, checked_shape, holding, split_elements
 from zbatch.protocol.wire import MAX_NAME_CHARS
@@ -107,3 +109,8 @@ def metadata_response(metadata: Mapping[str, Any]) -> pb.ModelMetadataResponse:
         name=metadata["name"], versions=metadata["versions"], platform=metadata["platform"],
         inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in metadata["inputs"]],
         outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in metadata["outputs"]])
+
+
+def config_response(config: Mapping[str, Any]) -> triton.ModelConfigResponse:
+    """``ModelConfigResponse`` from the configuration in Triton's JSON form (gateway/model_config.py)."""
+    return triton.ModelConfigResponse(config=json_format.ParseDict(dict(config), triton.ModelConfig()))

@@ -40,8 +40,10 @@ from gateway.guard import RETRY_AFTER_S, ApiKeys, InFlight
 from gateway.inference import TOKENS_HEADER, Call
 from gateway.kserve_grpc import codec
 from gateway.kserve_grpc import grpc_predict_v2_pb2 as pb
+from gateway.kserve_grpc import model_config_pb2 as triton
 from gateway.kserve_grpc.statuses import retry_metadata, status_of
 from gateway.metrics import GatewayMetrics
+from gateway.model_config import model_config
 from gateway.parsing import PRIORITY_HEADER, TIMEOUT_HEADER, priority_from, timeout_ms_from
 from gateway.signatures import infer, known_model, model_metadata, model_ready, server_metadata, server_ready
 from gateway.signatures import signature as task_signature
@@ -53,6 +55,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Context], Awaitable[Any]]
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 OPEN_METHODS = frozenset({"ServerLive"})  # liveness must not depend on a key
+TRITON_METHODS = frozenset({"ModelConfig"})  # Triton's, beside KServe's (model_config.proto)
 
 
 @dataclass
@@ -80,15 +83,16 @@ class Service:
             "ServerReady": (self.server_ready, pb.ServerReadyRequest),
             "ModelReady": (self.model_ready, pb.ModelReadyRequest),
             "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
-            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest)}
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
+            "ModelConfig": (self.model_config, triton.ModelConfigRequest)}
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             name: grpc.unary_unary_rpc_method_handler(self._answered(name, method, kind),
                                                       response_serializer=_serialized)
             for name, (method, kind) in unary.items()}
         handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
             self._answered("ModelInfer", self.model_infer), response_serializer=_serialized)
-        declared = {method.name for method in SERVICE.methods}
-        if set(handlers) != declared:  # the proto is the contract: every method, no other
+        declared = {method.name for method in SERVICE.methods} | TRITON_METHODS
+        if set(handlers) != declared:  # the protos are the contract: every method, no other
             raise RuntimeError(f"the service answers {sorted(handlers)} but the proto declares {sorted(declared)}")
         return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
@@ -150,6 +154,12 @@ class Service:
     async def model_metadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
         info = await known_model(self.gateway.client, self.gateway.catalog, request.name)
         return codec.metadata_response(model_metadata(info))
+
+    async def model_config(self, request: triton.ModelConfigRequest,
+                           context: Context) -> triton.ModelConfigResponse:
+        """Triton's configuration of the model, as ``GET /v2/models/{model}/config`` answers it."""
+        info = await known_model(self.gateway.client, self.gateway.catalog, request.name)
+        return codec.config_response(model_config(info, self.gateway.config.max_inputs))
 
     async def model_infer(self, requests: Any, context: Context) -> pb.ModelInferResponse:
         """The request message (within ``body_timeout_ms``), then the model's tensors as the HTTP dialect's."""

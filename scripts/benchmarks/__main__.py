@@ -27,6 +27,7 @@ from scripts.benchmarks import (
     cases_overload,
     cases_peers,
     cases_start,
+    cases_transitions,
     charts,
     history,
     load,
@@ -52,6 +53,8 @@ OTHER_CASES: dict[str, Case] = {
     "overlap": cases_overlap.overlap,
     "gpu": cases_gpu.gpu,
     "start": cases_start.start,
+    "chaos": cases_transitions.chaos,
+    "staggered": cases_transitions.staggered,
 }
 CASES = (*cases_model.CASES, *OTHER_CASES)
 NOT_QUICK = ("peers",)  # left out of --quick unless --cases names them: installs take minutes
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                           if line != report.ANALYSIS_PLACEHOLDER],
              "gpu": cases_gpu.section(ctx.rows, ctx.gpu_info) or history.previous(md_path, cases_gpu.GPU_HEADING),
              "start": cases_start.section(ctx.rows, command) or history.previous(md_path, cases_start.HEADING),
+             "issues": history.issue_sections(md_path),
              "history": history.section(history.previous(md_path), args.note, ctx.rows, args.quick)}
     md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, parts))
     report.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),

@@ -30,6 +30,7 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from scripts.benchmarks import batches, calls, load, procs
@@ -39,13 +40,16 @@ from worker.runners.spec import DEFAULT_MODEL_NAME, default_model_path
 from worker.runners.text import TextRunner
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
-from zbatch.testing import Daemon, Daemons, free_port, start_broker, start_worker
+from zbatch.testing import Daemon, Daemons, free_port, start_broker, start_worker, wait_until
 
 BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
 ITEM_MS = 0.2  # and of each item in it
 COST_ENV = "DELAY_BENCH_COST_MS"  # "batch,item": how the benchmark tells the worker's runner its costs
+READY_GATE_ENV = "DELAY_BENCH_READY_GATE"  # a file: SleepRunner's warm-up ends at the time.time() written there
+COLD_ENV = "DELAY_BENCH_COLD_BATCHES"  # "count,ms": SleepRunner's first count batches each take ms longer
 MODEL = "simulated"
 MAX_BATCH = 32
+GPU_MAX_BATCH = 128  # the worker's default batch on CUDA (worker/config.py): a GPU host's worker
 RUNNERS = {"none": "SleepRunner", "inline": "InlineTokenizingSleepRunner", "ahead": "TokenizingSleepRunner"}
 
 
@@ -58,12 +62,28 @@ class SleepRunner:
         self.modelled_seconds = 0.0
         batch_ms, item_ms = os.environ.get(COST_ENV, f"{BATCH_MS},{ITEM_MS}").split(",")
         self.batch_s, self.item_s = float(batch_ms) / 1000, float(item_ms) / 1000
+        count, cold_ms = os.environ.get(COLD_ENV, "0,0").split(",")
+        self.cold_batches, self.cold_s = int(count), float(cold_ms) / 1000
 
     def warm_up(self) -> None:
-        """Nothing to warm: the runner has no model."""
+        """Nothing to warm: the runner has no model.  With ``READY_GATE_ENV`` set, say so in a file beside the
+        gate (its name plus ``.loaded``) and wait for the time the gate holds (:func:`open_gates`): a worker
+        registers once its runner is loaded, so this sets when each of several workers registers."""
+        gate = os.environ.get(READY_GATE_ENV)
+        if gate:
+            Path(f"{gate}.loaded").touch()
+            while not Path(gate).exists():
+                time.sleep(0.01)
+            time.sleep(max(0.0, float(Path(gate).read_text()) - time.time()))
 
     def run(self, inputs: list[str], parameters: dict[str, Any]) -> list[Any]:
-        time.sleep(self.batch_s + self.item_s * len(inputs))
+        """Sleep for the batch; the first few longer (``COLD_ENV``), as a GPU's first real batches after a start
+        are (lazy initialisation, shapes the warm-up missed): what a broker's first measurement of a fresh
+        worker sees.  Two cold batches make that measurement one small batch over a long time: the first
+        batch holds whatever arrived first, and the heartbeat after it comes while the second still runs."""
+        cold = self.cold_s if self.cold_batches > 0 else 0.0
+        self.cold_batches -= 1
+        time.sleep(cold + self.batch_s + self.item_s * len(inputs))
         return [len(text) for text in inputs]
 
 
@@ -115,6 +135,32 @@ class InlineTokenizingSleepRunner:
 
     def run(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         return self._runner.run(inputs, parameters)
+
+
+def accelerator_env(model_path: str, batch_ms: float = BATCH_MS, item_ms: float = ITEM_MS,
+                    ready_gate: str | None = None, cold: tuple[int, float] = (0, 0.0)) -> dict[str, str]:
+    """The variables that make a worker serve model ``simulated`` on a :class:`SleepRunner` as a GPU host's
+    worker would (batches of up to :data:`GPU_MAX_BATCH`, two of them in flight, no share of the host's cores),
+    and a gateway take it for its default model: what ``zbatch serve`` passes on to its daemons, so that a CPU
+    host can play a GPU host.  ``model_path``: any existing folder (the runner reads nothing from it);
+    ``ready_gate``: see :data:`READY_GATE_ENV`; ``cold``: how many first batches take how many ms longer
+    (:data:`COLD_ENV`)."""
+    env = {"ZBATCH_TASK": "python:scripts.benchmarks.delay:SleepRunner", "ZBATCH_MODEL_PATH": model_path,
+           "ZBATCH_MODEL_NAME": MODEL, "ZBATCH_DEFAULT_MODEL": MODEL, "ZBATCH_MAX_BATCH_SIZE": str(GPU_MAX_BATCH),
+           "ZBATCH_CORES_LEDGER": "off", "ZBATCH_TORCH_THREADS": "1", "ZBATCH_TOKENIZE_AHEAD": "true",
+           "ZBATCH_GPUS": "none", COST_ENV: f"{batch_ms},{item_ms}", COLD_ENV: f"{cold[0]},{cold[1]:g}"}
+    return env | ({READY_GATE_ENV: ready_gate} if ready_gate else {})
+
+
+def open_gates(gates: list[str], every_s: float, timeout_s: float) -> float:
+    """Once every worker waiting at ``gates`` (see :data:`READY_GATE_ENV`) has loaded, let the first register
+    now and each next one ``every_s`` after the one before; returns the first one's time.time()."""
+    wait_until(lambda: all(Path(f"{gate}.loaded").exists() for gate in gates), timeout_s, "the workers to load")
+    first = time.time()
+    for index, gate in enumerate(gates):
+        Path(f"{gate}.tmp").write_text(repr(first + index * every_s))
+        Path(f"{gate}.tmp").rename(gate)
+    return first
 
 
 def start_simulated_worker(daemons: Daemons, broker: Daemon, batch_ms: float, item_ms: float,

@@ -7,6 +7,7 @@ this run's key ratios.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,16 @@ def previous(path: Path, heading: str = HEADING) -> list[str]:
     while body and not body[-1].strip():
         body.pop()
     return body
+
+
+def issue_sections(path: Path) -> list[str]:
+    """Every ``## ... (issue N)`` section of an existing BENCHMARKS.md, heading included: written by hand with
+    an issue's measured figures and the commands behind them, and kept as they are by every run."""
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    kept: list[str] = []
+    for heading in (line for line in lines if re.fullmatch(r"## .*\(issue \d+\)", line)):
+        kept += ["", heading, "", *previous(path, heading)]
+    return kept
 
 
 def _ratio(label: str, value: float | None) -> str | None:

@@ -5,7 +5,11 @@ running ``concurrency / processes`` closed-loop clients (:mod:`scripts.benchmark
 over HTTP (the gateway's ``/models/{model}``) or ZeroMQ (the project's ``AsyncClient``), ``texts`` texts a
 request.  Each child prints what it measured, with every answered request's latency, and the parent merges
 them: the rate over the common window, percentiles over all latencies, statuses summed, and the cores the
-whole machine used meanwhile (stack and load generator together: they share the host).
+whole machine used meanwhile (stack and load generator together: they share the host).  The cases that
+follow a stack through a transition (:mod:`scripts.benchmarks.cases_transitions`) start the children
+themselves (:func:`start_children`): with ``--ready URL`` a child starts its clients the moment URL answers
+200, and with ``--records`` it also prints every request (sent, answered, status), for the parent to
+place them against the moments it killed or started something.
 """
 
 from __future__ import annotations
@@ -27,30 +31,46 @@ import numpy as np
 from scripts.benchmarks import cpu
 from scripts.benchmarks.load import Call, Sample, _request
 from scripts.benchmarks.texts import shuffled
-from zbatch.testing import ROOT, daemon_env
+from zbatch.testing import ROOT, daemon_env, http_status, wait_until
 
 DRAIN_S = 30.0  # a child waits this long for requests still in flight after its window
+READY_WAIT_S = 300.0  # how long a child with --ready waits for it
 
 
 async def spread_closed_loop(kind: str, target: str, model: str, concurrency: int, warmup_s: float,
                              duration_s: float, processes: int = 4, texts: int = 1) -> dict[str, Any]:
     """``concurrency`` closed-loop clients spread over ``processes`` children; their answers merged."""
-    processes = max(1, min(processes, concurrency))
-    shares = [concurrency // processes + (index < concurrency % processes) for index in range(processes)]
-    children = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scripts.benchmarks.loadgen", kind, target, "--model", model, "--concurrency",
-        str(share), "--warmup", str(warmup_s), "--duration", str(duration_s), "--texts", str(texts), "--seed",
-        str(index), stdout=asyncio.subprocess.PIPE, env=daemon_env(), cwd=ROOT)
-        for index, share in enumerate(shares)]
+    children = await start_children(kind, target, model, concurrency, warmup_s, duration_s, processes, texts)
     await asyncio.sleep(warmup_s)
     start = cpu.snapshot()
     gpu = await gpu_busy(duration_s)
     machine = cpu.usage(start, cpu.snapshot())
-    outputs = await asyncio.gather(*(child.communicate() for child in children))
-    results = [json.loads(stdout) for stdout, _ in outputs]
+    results = await collect(children)
     cores = machine.get("ours_cores", 0.0) + machine.get("other_cores", 0.0) if machine else None
-    return merge(results, texts) | {"processes": processes, "concurrency": concurrency, "machine_cores": cores,
+    return merge(results, texts) | {"processes": len(children), "concurrency": concurrency, "machine_cores": cores,
                                     "gpu_busy_pct": gpu}
+
+
+async def start_children(kind: str, target: str, model: str, concurrency: int, warmup_s: float, duration_s: float,
+                         processes: int = 4, texts: int = 1, *options: str) -> list[asyncio.subprocess.Process]:
+    """The children of :func:`spread_closed_loop`, started (``options``: more of their flags, such as
+    ``--records`` or ``--ready URL``); :func:`collect` their results."""
+    processes = max(1, min(processes, concurrency))
+    shares = [concurrency // processes + (index < concurrency % processes) for index in range(processes)]
+    return [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scripts.benchmarks.loadgen", kind, target, "--model", model, "--concurrency",
+        str(share), "--warmup", str(warmup_s), "--duration", str(duration_s), "--texts", str(texts), "--seed",
+        str(index), *options, stdout=asyncio.subprocess.PIPE, env=daemon_env(), cwd=ROOT)
+        for index, share in enumerate(shares)]
+
+
+async def collect(children: list[asyncio.subprocess.Process]) -> list[dict[str, Any]]:
+    """What each child measured, once all have finished."""
+    outputs = await asyncio.gather(*(child.communicate() for child in children))
+    failed = [child.returncode for child in children if child.returncode]
+    if failed:
+        raise RuntimeError(f"{len(failed)} load generator(s) failed, with status {failed[0]}")
+    return [json.loads(stdout) for stdout, _ in outputs]
 
 
 async def gpu_busy(duration_s: float, every_s: float = 0.5) -> float | None:
@@ -128,6 +148,9 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[Sample] = []
     attempts: list[Sample] = []
     async with _caller(args.kind, args.target, args.model, args.texts, args.seed) as call:
+        if args.ready:
+            await asyncio.to_thread(wait_until, lambda: http_status(args.ready, 1.0) == 200, READY_WAIT_S,
+                                    f"{args.ready} to answer 200")
         t0 = time.perf_counter()
         window = (t0 + args.warmup, t0 + args.warmup + args.duration)
 
@@ -141,10 +164,13 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     inside = [s for s in samples if window[0] <= s.end <= window[1]]
+    wall = time.time() - time.perf_counter()  # a sample's time.perf_counter() plus this is its time.time()
     return {"duration_s": args.duration, "statuses": dict(Counter(s.status for s in inside)),
             "ok_ms": [round((s.end - s.start) * 1000, 3) for s in inside if s.status == "ok"],
             "refused_ms": [round((s.end - s.start) * 1000, 3) for s in inside if s.status in ("503", "overloaded")],
-            "abandoned": len(pending)}
+            "abandoned": len(pending), "started": t0 + wall,
+            **({"records": [(round(s.start + wall, 4), round(s.end + wall, 4), s.status) for s in samples]}
+               if args.records else {})}
 
 
 def main() -> None:
@@ -157,6 +183,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--texts", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ready", default=None, metavar="URL",
+                        help="start the clients the moment GET URL answers 200 (a gateway's /readyz)")
+    parser.add_argument("--records", action="store_true",
+                        help="also print every request: time.time() sent and answered, and its status")
     args = parser.parse_args()
     from zbatch.runtime import eventloop
 

@@ -19,7 +19,7 @@ from worker.runners.device import NATIVE_BFLOAT16_FLAGS, cpu_flags
 
 CASE_ORDER = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched",
               "limit-bf16", "zbatch-bf16", "peers", "routing", "gateway", "idle", "overload", "storm", "shed", "scale",
-              "overlap")
+              "overlap", "chaos", "staggered")
 NOISY_CORES = 0.25  # CPU used by other processes during a window that makes its row suspect
 SECTION_ONLY = ("start",)  # cases with no requests to count: their figures are in a section of their own
 COLUMNS = ("case", "system", "concurrency", "req/s", "texts/s", "p50 ms", "p99 ms", "errors", "ratio", "other cpu")
@@ -226,6 +226,15 @@ CASE_NOTES = """
   the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
   Then the same pair on the real model: two real workers of one broker, one with the preparation pool and one
   without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
+* **chaos** and **staggered** (issue 38): the stack's transitions on the simulated accelerator of
+  `python -m scripts.benchmarks.delay` at GPU rates (the real worker; a batch of up to 128 sleeps 20 ms +
+  0.2 ms an item, a fresh worker's first two a second longer each; two batches in flight), so that a refusal is
+  the stack's own doing. chaos: `zbatch serve` with 2 brokers and 4 workers, 256 closed-loop clients (3/4
+  over HTTP, 1/4 over ZeroMQ to both brokers), kill -9 of 4 workers and 2 brokers 8 s apart, each restarted
+  by the supervisor; every request is placed in the window after the kill it was sent in. staggered: 4
+  workers that register 0.5 s apart, 512 HTTP clients from the moment `/readyz` answers 200; the share of
+  answers that were 200 from 1 s and 2 s after the last registration. `--quick`: 64 clients and 2 kills;
+  128 clients.
 * **start**: a worker of the default model on the CPU, at its defaults, started again and again beside one
   broker, alternately on a new, empty start cache (cold: it exports, validates and calibrates) and on one a
   start filled first (warm: it reads its ONNX verdict and calibration); seconds from spawning it to the broker
@@ -255,9 +264,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
              failed: list[str], sections: dict[str, list[str]]) -> str:
     """The whole BENCHMARKS.md.
 
-    ``sections``: "targets" and "details" (generated lines), "analysis" and
-    "history" (carried over from the previous file: hand-written, and the log), and "gpu" (the gpu case's
-    section: this run's when it ran on CUDA, else the previous file's).
+    ``sections``: "targets" and "details" (generated lines), "analysis", "issues" and
+    "history" (carried over from the previous file: hand-written, each issue's own section, and the log), and
+    "gpu" (the gpu case's section: this run's when it ran on CUDA, else the previous file's).
     """
     m = info
     when = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -283,6 +292,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
         lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]
     if charts:
         lines += ["", "## Charts", ""] + [f"![{Path(c).stem}]({c})" for c in charts]
+    lines += sections.get("issues", [])
     return "\n".join(lines) + "\n" + CASE_NOTES + "\n".join(sections["history"]) + "\n"
 
 

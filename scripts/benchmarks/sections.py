@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scripts.benchmarks import cases_peers
+from scripts.benchmarks import cases_peers, cases_transitions
 from scripts.benchmarks.report import number, sorted_rows
 
 
@@ -188,6 +188,7 @@ def details(rows: list[dict[str, Any]]) -> list[str]:
     shed_rows = [r for r in ordered if r["case"] == "shed"]
     if shed_rows:
         lines += _shed(shed_rows)
+    lines += cases_transitions.section(ordered)
     peer_rows = [r for r in ordered if r["case"] == "peers"]
     if peer_rows:
         lines += _peers(peer_rows)

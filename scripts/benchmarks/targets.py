@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from scripts.benchmarks import cases_onnx, cases_overlap, cases_peers, cases_start
+from scripts.benchmarks import cases_onnx, cases_overlap, cases_peers, cases_start, cases_transitions
 from scripts.benchmarks.cases_infra import IDLE_SYSTEMS
 from scripts.benchmarks.report import find, idle_added, scale_one, times
 
@@ -203,7 +203,7 @@ def _scale(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, str, bool | N
 def section(rows: list[dict[str, Any]]) -> list[str]:
     """The Targets section: one line per target this run measured."""
     parts = (_throughput, cases_onnx.targets, _default, _batch_fill, _overlap, _baselines, _infrastructure, _overload,
-             _scale, cases_start.targets)
+             _scale, cases_transitions.targets, cases_start.targets)
     lines = [line for part in parts for line in part(rows)]
     if not lines:
         return []

@@ -1,4 +1,5 @@
 # Sourced by scripts/serve and scripts/test: make .venv (if missing) and install the project into it.
+# ensure_venv EXTRAS [--online]: without --online, Hugging Face is set offline (HF_HUB_OFFLINE=1).
 #
 # torch is pinned here, not in pyproject.toml: the package accepts any torch>=2.1, but an
 # unpinned install can pull a multi-GB CUDA build.  ZBATCH_TORCH overrides the pin, e.g.
@@ -25,5 +26,9 @@ ensure_venv() {
         echo "$want" > "$stamp"
     fi
     export PATH="$venv/bin:$PATH"
-    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    # Tests and benchmarks download nothing; scripts/serve passes --online, since a model named by its Hub id
+    # may have to be downloaded once (the caller's HF_HUB_OFFLINE still holds).
+    if [ "${2:-}" != "--online" ]; then
+        export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    fi
 }

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from broker.rates import LATENESS_WINDOW_S, WINDOW_S, Lateness, ServiceRate
+from broker.rates import LATENESS_WINDOW_S, PART_WINDOW_S, WINDOW_S, Lateness, ServiceRate
 from zbatch.protocol.wire import BatchCounters
 
 
@@ -91,3 +91,22 @@ def test_lateness_is_the_largest_seen_and_fades() -> None:
     late.observe(0.1, 2.0)
     assert late.now(2.0) == pytest.approx(0.4 * math.exp(-1.0 / LATENESS_WINDOW_S))
     assert late.now(2.0 + 5 * LATENESS_WINDOW_S) < 0.01
+
+
+def test_a_shared_workers_part_follows_the_other_broker_within_a_few_seconds_of_work() -> None:
+    """Half the worker's items were this broker's for a minute; then the other broker dies and all of them
+    are.  Two seconds of work later this broker counts on most of the worker, not on half of it for the
+    length of the rate's own window."""
+    rate = ServiceRate()
+    rate.heartbeat(counters(0, 0), 0.0, None)
+    items = 0
+    for second in range(1, 61):
+        items += 100
+        rate.answered_ok(50)
+        rate.heartbeat(counters(items, 1_000 * second), float(second), None)
+    assert rate.per_second(shared=True) == pytest.approx(50.0)
+    for second in range(61, 63):  # the other broker is gone: every item is this one's
+        items += 100
+        rate.answered_ok(100)
+        rate.heartbeat(counters(items, 1_000 * second), float(second), None)
+    assert rate.per_second(shared=True) == pytest.approx(100.0 * (1 - 0.5 * math.exp(-2.0 / PART_WINDOW_S)))

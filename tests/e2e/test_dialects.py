@@ -21,17 +21,15 @@ import numpy as np
 import pytest
 
 from tests.daemons import Daemons, free_port, http_json, start_broker, start_gateway, start_worker
+from tests.e2e.vectors import SAME, TEXTS, cosine, hub_pointed_nowhere, reference_vectors
 from tests.worker.tiny_models import image_bytes, make_tiny_bert, make_tiny_vit, make_tiny_yolos, with_prompts
 from worker.runners import DEFAULT_MODEL_NAME, default_model_path
 from zbatch.testing import start_http
 
-NOWHERE = "http://127.0.0.1:9"  # the discard port, closed: where a client's hub calls would go, and fail
 MODEL = DEFAULT_MODEL_NAME
 RERANK, CLASSIFY, VIT, YOLOS = "tiny-rerank", "tiny-classify", "tiny-vit", "tiny-yolos"
 SPLADE, PROMPTED = "tiny-splade", "tiny-prompts"  # a masked-LM served as sparse-embeddings; a model with prompts
 PROMPTS = {"query": "query: ", "passage": "passage: "}
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello world", "ZeroMQ sockets carry messages."]
-SAME = 0.99999  # cosine of two answers for the same text
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +69,7 @@ def url(served: Daemons) -> str:
 
 @pytest.fixture(scope="module")
 def reference() -> np.ndarray:
-    from sentence_transformers import SentenceTransformer
-
-    return np.asarray(SentenceTransformer(default_model_path(), device="cpu").encode(TEXTS, normalize_embeddings=True))
-
-
-def cosine(a: Any, b: Any) -> float:
-    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    return reference_vectors()
 
 
 def post(url: str, body: Any = None, data: bytes | None = None,
@@ -126,13 +117,9 @@ def test_openai_sdk_lists_models_embeds_and_raises_its_own_errors(url: str, refe
 
 
 def test_huggingface_hub_inference_client(url: str, reference: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub import InferenceClient, constants
+    from huggingface_hub import InferenceClient
 
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", NOWHERE)
-    monkeypatch.setattr(constants, "INFERENCE_PROXY_TEMPLATE", NOWHERE + "/{provider}")
-    monkeypatch.setenv("HF_TOKEN", "unused")
-
+    hub_pointed_nowhere(monkeypatch)
     client = InferenceClient(model=f"{url}/models/{MODEL}")
     vector = client.feature_extraction(TEXTS[0])
     assert cosine(vector, reference[0]) >= SAME
@@ -275,9 +262,11 @@ def http_status_of(url: str) -> int:
 
 @pytest.fixture(scope="module")
 def plain_gateway(served: Daemons) -> str:
-    """A second gateway, whose TEI routes all use the default (embeddings) model."""
+    """A second gateway, whose TEI routes all use its default model, the embeddings model (named: the workers
+    serve several)."""
     broker = served["broker"]
-    return served.add(start_http("gateway", "gateway-plain", served.log_dir, frontend=broker.frontend)).url
+    return served.add(start_http("gateway", "gateway-plain", served.log_dir, frontend=broker.frontend,
+                                 default_model=MODEL)).url
 
 
 def test_tei_errors_use_teis_shape_and_statuses(url: str, plain_gateway: str) -> None:
@@ -347,8 +336,10 @@ def test_models_listing_says_which_dialects_answer_each_model(url: str) -> None:
     assert by_name[MODEL]["task"] == "embeddings"
     assert "POST /v1/embeddings" in by_name[MODEL]["dialects"]["openai"]
     assert by_name[MODEL]["dialects"]["tei"] == ["POST /embed", "POST /embed_all", "POST /similarity",
-                                                 "POST /tokenize", "POST /decode", "GET /info", "GET /health"]
+                                                 "POST /tokenize", "POST /decode", "GET /info", "GET /health",
+                                                 "POST /"]  # the default model: TEI's root
     assert by_name[RERANK]["dialects"]["tei"] == ["POST /rerank"]
+    assert by_name[RERANK]["dialects"]["cohere"] == ["POST /v1/rerank", "POST /v2/rerank"]
     assert by_name[CLASSIFY]["dialects"]["tei"] == ["POST /predict"]
     assert "tei" not in by_name[VIT]["dialects"] and "openai" not in by_name[VIT]["dialects"]
 

@@ -1,10 +1,10 @@
 """Every example the documentation marks runnable (``<!-- zbatch:run -->``) runs against a real stack.
 
-A stack of this module's (a broker, a worker with the real default model, a gateway with its gRPC port on)
-stands in for the one the pages assume: their ``localhost:8000``, ``127.0.0.1:8001`` (gRPC) and
-``tcp://127.0.0.1:5555`` become the stack's addresses, and
+A stack of this module's (a broker, a worker with the real default model and a tiny cross-encoder served as
+``reranker``, a gateway with its gRPC port on) stands in for the one the pages assume: their
+``localhost:8000``, ``127.0.0.1:8001`` (gRPC) and ``tcp://127.0.0.1:5555`` become the stack's addresses, and
 each example runs as the reader would run it, Python with this interpreter and the clients users have
-(openai, huggingface_hub, tritonclient, requests), shell with bash and curl.  An example passes when it exits
+(openai, huggingface_hub, tritonclient, requests, cohere), shell with bash and curl.  An example passes when it exits
 0; curl is made to fail on an HTTP error status.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from scripts.docs import Sample, samples
+from tests.worker.tiny_models import make_tiny_bert
 from zbatch.testing import ROOT, Daemons, daemon_env, free_port, start_broker, start_http, start_worker
 
 RUNNABLE = [sample for sample in samples() if sample.runnable]
@@ -29,7 +30,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemons]:
     logs = tmp_path_factory.mktemp("docs")
     with Daemons(logs) as daemons:
         broker = daemons.add(start_broker(logs))
-        daemons.add(start_worker(broker, logs, "w1", workers=1))
+        reranker = f"name=reranker,path={make_tiny_bert(logs, 'rerank')},task=rerank"  # the pages' rerank model
+        daemons.add(start_worker(broker, logs, "w1", workers=1, extra_models=reranker))
         port = free_port()
         gateway = daemons.add(start_http("gateway", "gateway", logs, frontend=broker.frontend, processes=1,
                                          grpc_port=port, ready="/readyz"))

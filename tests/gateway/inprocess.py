@@ -19,10 +19,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from zbatch.client import AsyncClient
+from zbatch.hub import BUNDLED_MODEL_NAME
 from zbatch.protocol import payloads
 from zbatch.protocol.wire import Reply, Status
 
-CONFIG = GatewayConfig()
+CONFIG = GatewayConfig(default_model=BUNDLED_MODEL_NAME)  # two models are served: the default is named
 # A model's figures in STATS, as a broker gives them: workers, and what READY said (PROTOCOL.md 3.6).
 Figures = dict[str, Any]
 AnswerFunction = Callable[[list[Any], dict[str, Any], str], tuple[list[Any], list[int] | None]]
@@ -88,12 +89,13 @@ class Answer:
 
 
 def call(
-    stub: StubClient, method: str, path: str, *, body: bytes = b"", headers: Mapping[str, str] | None = None
+    stub: StubClient, method: str, path: str, *, body: bytes = b"", headers: Mapping[str, str] | None = None,
+    config: GatewayConfig = CONFIG,
 ) -> Answer:
-    """One request to a fresh gateway application whose broker client is ``stub``."""
+    """One request to a fresh gateway application with ``config`` whose broker client is ``stub``."""
 
     async def exchange() -> Answer:
-        app = create_app(CONFIG, cast(AsyncClient, stub))
+        app = create_app(config, cast(AsyncClient, stub))
         async with TestClient(TestServer(app)) as client:
             response = await client.request(method, path, data=body, headers=dict(headers or {}))
             is_json = response.content_type == "application/json"

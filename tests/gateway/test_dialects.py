@@ -341,10 +341,16 @@ def test_the_app_mounts_what_each_dialect_module_declares() -> None:
     modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
     assert {dialect.name for dialect in declared()} == modules
     declared_routes = [route for dialect in declared() for route in dialect.routes]
-    assert [route for route in ROUTES if route not in declared_routes] == [
-        web.get("/metrics", ROUTES[-2].handler), web.get("/openapi.json", ROUTES[-1].handler)]
+    claimed = {(claim.method, claim.path) for dialect in declared() for claim in dialect.claims}
+    # A claimed route is mounted once, its handler telling the media types apart; every other as declared.
+    assert [route for route in ROUTES if route not in declared_routes and (route.method, route.path) not in claimed
+            ] == [web.get("/metrics", ROUTES[-2].handler), web.get("/openapi.json", ROUTES[-1].handler)]
+    assert len(ROUTES) == len(declared_routes) + 2
     mounted = {(r.method, r.resource.canonical) for r in create_app(CONFIG).router.routes() if r.resource}
     assert {(r.method, r.path.replace(":.+", "")) for r in declared_routes if isinstance(r, web.RouteDef)} <= mounted
     for dialect in declared():
         for path in dialect.error_paths:
             assert error_shape_of(path) is dialect.errors
+        for claim in dialect.claims:
+            assert all(error_shape_of(claim.path, media) is dialect.errors for media in claim.media_types)
+            assert error_shape_of(claim.path, "text/plain") is not dialect.errors

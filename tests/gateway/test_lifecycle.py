@@ -70,7 +70,10 @@ def test_config_defaults() -> None:
         "tcp://127.0.0.1:5555",
     )
     assert (config.timeout_ms, config.max_body_bytes, config.log_level) == (30000, 1048576, "info")
-    assert config.required_models == ("all-MiniLM-L6-v2",)
+    assert config.required_models == () and config.named_default_model == "", "it follows what the brokers serve"
+    named = load_config([], {"ZBATCH_MODELS": "a,b"})
+    assert (named.required_models, named.named_default_model) == (("a", "b"), "a")
+    assert load_config(["--default-model", "c"], {"ZBATCH_MODELS": "a,b"}).named_default_model == "c"
 
 
 def test_config_flags_override_environment() -> None:

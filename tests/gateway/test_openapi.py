@@ -34,6 +34,8 @@ INFERENCE = {"/": (b"hello", "text/plain"),
              "/embed_all": (b'{"inputs": "hello"}', JSON),
              "/embed_sparse": (b'{"inputs": "hello"}', JSON),
              "/decode": (b'{"ids": [1, 2]}', JSON),
+             "/v1/rerank": (b'{"model": "m", "query": "q", "documents": ["a", "b"]}', JSON),
+             "/v2/rerank": (b'{"model": "m", "query": "q", "documents": ["a", "b"]}', JSON),
              "/v2/models/{model}/infer": (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
                                           b'"data": ["hello"]}]}', JSON)}
 # Standard headers documented otherwise (the security scheme, the request body's media types,

@@ -102,7 +102,7 @@ def log_text(daemon: Daemon) -> str:
 
 
 def test_two_processes_answer_on_one_port_and_the_metrics_add_up(gateway: Callable[..., Daemon]) -> None:
-    daemon = gateway()
+    daemon = gateway(env={"ZBATCH_DEFAULT_MODEL": DEFAULT_MODEL_NAME})  # a model the settings name has its label
     pids = pids_answering(daemon, 2)
     assert pids == children(daemon.pid), "the two processes are the parent's children"
     # Inference requests answered by both processes: no broker listens, so each is 503 broker_unavailable.

@@ -63,11 +63,12 @@ def test_models_listing_groups_workers_by_model() -> None:
     assert [m["name"] for m in listing] == ["echo", "idle"]
     assert [w["name"] for w in listing[0]["workers"]] == ["w1"]
     assert listing[0]["task"] == "embeddings"
-    assert listing[0]["dialects"] == {
+    assert listing[0]["dialects"] == {  # echo, the one model a worker serves, is the default model it follows
+        "zbatch": ["POST /"],
         "huggingface": ["POST /models/echo", "POST /models/echo (sentence-similarity)"],
         "kserve": ["POST /v2/models/echo/infer"], "openai": ["POST /v1/embeddings"],
         "tei": ["POST /embed", "POST /embed_all", "POST /similarity", "POST /tokenize", "POST /decode", "GET /info",
-                "GET /health"]}
+                "GET /health", "POST /"]}
     assert listing[1] == {"name": "idle", "task": None, "workers": [], "stats": STATS["models"]["idle"],
                           "dialects": {"huggingface": ["POST /models/idle"],
                                        "kserve": ["POST /v2/models/idle/infer"]}}

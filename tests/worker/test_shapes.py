@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.worker.tiny_models import make_tiny_bert
+from tests.worker.tiny_models import make_tiny_bert, with_st_modules
 from worker.runners import ModelSpec, default_model_path, load_runner
 from worker.runners.device import batch_size, torch_dtype
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.graphs import bert_pooled, graphable
+from worker.runners.pooling import SentenceHead, without_prompt
 from worker.runners.shapes import LENGTHS, Buckets
+from worker.runners.st_modules import POOLING_MODES, Pooling, SentenceModules, read_modules
 from worker.runners.text import Planned, TextRunner
 
 TEXTS = ["hello world", "the cat is happy", "", "a dog and a cat in the night " * 3, "big", "red " * 40]
@@ -124,7 +127,7 @@ class StandInGraphs:
     def shapes(self) -> list[tuple[int, int]]:
         return sorted(self.asked) if self.captures else []
 
-    def pooled(self, encoded: dict[str, torch.Tensor]) -> None:
+    def pooled(self, encoded: dict[str, torch.Tensor], pool_mask: torch.Tensor | None = None) -> None:
         return None  # the eager pass answers: what is tested is which shapes warm-up runs through it
 
 
@@ -153,11 +156,26 @@ def test_shapes_that_graphs_capture_are_not_also_warmed_eagerly(minilm: TextRunn
     assert warmed == (set() if captures else set(Buckets(64, 4).shapes()) - {(1, 16)})
 
 
+def graphed_heads(runner: EmbeddingRunner, folder: Path) -> dict[str, SentenceHead]:
+    """The runner's own head, each pooling mode, two concatenated, and a Dense without Normalize (written in
+    ``folder``, beside a copy of the model's config)."""
+    size = int(runner._model.config.hidden_size)
+    heads = {mode: SentenceHead(SentenceModules(Pooling((mode,))), size, "cpu") for mode in POOLING_MODES}
+    heads["cls+max"] = SentenceHead(SentenceModules(Pooling(("cls", "max"))), size, "cpu")
+    folder.mkdir()
+    shutil.copy(Path(runner.spec.path) / "config.json", folder)
+    dense = with_st_modules(str(folder), "lasttoken", dense=[(8, "torch.nn.modules.activation.GELU")],
+                            normalize=False)
+    return {"own": runner.head, **heads, "lasttoken+Dense": SentenceHead(read_modules(dense), size, "cpu")}
+
+
 def test_the_graphed_pass_is_the_models_own_pass(minilm: TextRunner, tmp_path: Path) -> None:
-    """What a CUDA graph records (worker.runners.graphs.bert_pooled) equals transformers' forward, mean-pooled."""
+    """What a CUDA graph records (worker.runners.graphs.bert_pooled) equals transformers' forward through the
+    model's head: each pooling mode, a Dense, and a pooling mask that leaves out a prompt."""
     tiny = load_runner(ModelSpec("tiny", make_tiny_bert(tmp_path, "feature-extraction")))
     for runner in (minilm, tiny):
         assert isinstance(runner, EmbeddingRunner) and graphable(runner._model)
+        heads = graphed_heads(runner, tmp_path / f"{runner.spec.name}-head")
         runner.set_length_grouping(False)
         try:
             planned = runner.plan(runner.encode(TEXTS, {}), {})
@@ -165,15 +183,15 @@ def test_the_graphed_pass_is_the_models_own_pass(minilm: TextRunner, tmp_path: P
             runner.set_length_grouping(True)
         for group, arrays in planned.groups:
             encoded = {key: torch.from_numpy(array) for key, array in arrays.items()}
-            with torch.inference_mode():
-                hidden = runner._model(**encoded).last_hidden_state
-                mask = encoded["attention_mask"].unsqueeze(-1).float()
-                want = (hidden * mask).sum(1) / mask.sum(1)
-                got = bert_pooled(runner._model, encoded["input_ids"],
-                                  encoded.get("token_type_ids", torch.zeros_like(encoded["input_ids"])),
-                                  encoded["attention_mask"])
-            assert got.dtype == torch.float32 and got.shape == (len(group), hidden.shape[-1])
-            assert torch.allclose(got, want, atol=1e-5)
+            mask = encoded["attention_mask"]
+            types = encoded.get("token_type_ids", torch.zeros_like(encoded["input_ids"]))
+            for name, head in heads.items():
+                for pool_mask in (None, without_prompt(mask, 2)):
+                    with torch.inference_mode():
+                        want = head(runner._model(**encoded).last_hidden_state, mask, pool_mask)
+                        got = bert_pooled(runner._model, head, encoded["input_ids"], types, mask, pool_mask)
+                    assert got.dtype == torch.float32 and got.shape == (len(group), head.dimensions), name
+                    assert torch.allclose(got, want, atol=1e-5), name
 
 
 def test_models_the_graphed_pass_does_not_know_stay_eager(tmp_path: Path) -> None:

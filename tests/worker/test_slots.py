@@ -36,7 +36,7 @@ def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() 
 @pytest.mark.parametrize(
     ("extra", "complaint"),
     [
-        ("name=x", "needs a path="),
+        ("name=x", "needs a model= .a Hub id or a folder. or a path="),
         ("name=x,path=/p,colour=red", "expected key=value pairs"),
         ("name=all-MiniLM-L6-v2,path=/p", "served twice"),
         ("name=x,path=/p,max_batch_size=-1", "max_batch_size must be >= 0"),

@@ -10,6 +10,7 @@ wrap them in session-scoped fixtures via ``tmp_path_factory``.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -188,3 +189,90 @@ def with_prompts(folder: str, prompts: dict[str, str], default: str | None = Non
     config = {"prompts": prompts, "default_prompt_name": default, "similarity_fn_name": "cosine"}
     (Path(folder) / "config_sentence_transformers.json").write_text(json.dumps(config), encoding="utf-8")
     return folder
+
+
+def make_tiny_qwen3(tmp_path: Path | str) -> str:
+    """Save a tiny Qwen3 decoder (Qwen3-Embedding's architecture) with an offline tokenizer that, like that
+    model's, ends each text with its end-of-text token and pads on the left with that token."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+    folder = Path(tmp_path) / "tiny-qwen3"
+    shutil.rmtree(folder, ignore_errors=True)
+    eos = "<|endoftext|>"
+    vocab = {token: i for i, token in enumerate(["<unk>", eos, *WORDS, ":", "query", "passage"])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                                                           special_tokens=[(eos, vocab[eos])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=eos, pad_token=eos,
+                                        padding_side="left", model_max_length=128)
+    config = Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                         eos_token_id=vocab[eos], pad_token_id=None)  # None: the end-of-text token's vector is not 0
+    torch.manual_seed(0)
+    Qwen3Model(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def with_st_modules(folder: str, pooling: str | Sequence[str] = "mean", *, dense: Sequence[tuple[int, str]] = (),
+                    normalize: bool = True, include_prompt: bool = True, max_seq_length: int | None = None,
+                    do_lower_case: bool = False, legacy: bool = False, extra: Sequence[str] = ()) -> str:
+    """Give the model in ``folder`` sentence-transformers modules, as sentence-transformers writes them: a
+    Pooling of ``pooling`` (the older per-mode flags where ``legacy``), a seeded Dense per ``(out_features,
+    activation)`` of ``dense``, Normalize where ``normalize``, then modules of the types in ``extra``;
+    ``max_seq_length`` and ``do_lower_case`` in ``sentence_bert_config.json``.  Returns the folder."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    root = Path(folder)
+    hidden = int(json.loads((root / "config.json").read_text())["hidden_size"])
+    types = LEGACY_TYPES if legacy else TYPES
+    modes = [pooling] if isinstance(pooling, str) else list(pooling)
+    if legacy:
+        flags = {f"pooling_mode_{flag}": name in modes for name, flag in LEGACY_FLAG_NAMES.items()}
+        pooling_config: dict[str, object] = {"word_embedding_dimension": hidden, "include_prompt": include_prompt,
+                                             **flags}
+    else:
+        pooling_config = {"embedding_dimension": hidden, "pooling_mode": pooling if isinstance(pooling, str) else modes,
+                          "include_prompt": include_prompt}
+    modules = [("", types["Transformer"], None), ("1_Pooling", types["Pooling"], pooling_config)]
+    size = hidden * len(modes)
+    torch.manual_seed(1)
+    for out_features, activation in dense:
+        path = f"{len(modules)}_Dense"
+        modules.append((path, types["Dense"], {"in_features": size, "out_features": out_features, "bias": True,
+                                                 "activation_function": activation}))
+        (root / path).mkdir(exist_ok=True)
+        save_file({"linear.weight": torch.randn(out_features, size) / size ** 0.5,
+                   "linear.bias": torch.randn(out_features) / 10}, str(root / path / "model.safetensors"))
+        size = out_features
+    if normalize:
+        modules.append((f"{len(modules)}_Normalize", types["Normalize"], None))
+    modules.extend([(f"{len(modules) + i}_Extra", kind, None) for i, kind in enumerate(extra)])
+    for path, _, config in modules:
+        if config is not None:
+            (root / path).mkdir(exist_ok=True)
+            (root / path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    listed = [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind, _) in enumerate(modules)]
+    (root / "modules.json").write_text(json.dumps(listed), encoding="utf-8")
+    settings: dict[str, object] = {"do_lower_case": do_lower_case}
+    if max_seq_length is not None:
+        settings["max_seq_length"] = max_seq_length
+    (root / "sentence_bert_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return folder
+
+
+# modules.json's types as sentence-transformers 6 writes them, and as its versions before 5.4 did
+TYPES = {"Transformer": "sentence_transformers.base.modules.transformer.Transformer",
+         "Pooling": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+         "Dense": "sentence_transformers.base.modules.dense.Dense",
+         "Normalize": "sentence_transformers.base.modules.normalize.Normalize"}
+LEGACY_TYPES = {kind: f"sentence_transformers.models.{kind}" for kind in TYPES}
+LEGACY_FLAG_NAMES = {"cls": "cls_token", "max": "max_tokens", "mean": "mean_tokens",
+                     "mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "weightedmean": "weightedmean_tokens",
+                     "lasttoken": "lasttoken"}

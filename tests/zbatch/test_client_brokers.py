@@ -194,10 +194,13 @@ def test_a_client_needs_a_broker(endpoints: str) -> None:
         AsyncClient(endpoints)
 
 
-def test_a_broker_without_workers_sends_the_request_to_the_other() -> None:
+@pytest.mark.parametrize("status", [Status.NO_WORKER, Status.UNKNOWN_MODEL])
+def test_a_broker_without_workers_sends_the_request_to_the_other(status: Status) -> None:
+    """No worker there, or none that ever registered the model with it (a broker that just came back, whose
+    workers have not registered again): another broker may have them."""
     async def scenario() -> list[str]:
         async with fleet() as (client, a, _):
-            a.status = Status.NO_WORKER
+            a.status = status
             return [(await client.infer("m", ["x"]))[0] for _ in range(4)]
 
     assert asyncio.run(scenario()) == ["b"] * 4

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from zbatch.hub import CONFIG_EXIT_CODE
 from zbatch.supervisor.policy import (
     FORCE_GRACE_S,
     Action,
@@ -150,6 +151,46 @@ def test_status_2_after_a_unit_was_ready_is_an_ordinary_exit() -> None:
     start_all(s)
     exited = s.exited("worker-0", 2, 10)
     assert not exited.fatal and exited.restart_in_s == 1
+
+
+def test_a_model_that_cannot_be_had_at_start_stops_everything_with_status_78() -> None:
+    """Exit 78 (zbatch.hub: no such model, no access, not cached while offline) before the stack served once:
+    the other worker, still loading, is stopped too, and the supervisor exits 78."""
+    s = stack(workers=2)
+    s.tick(0)
+    s.ready("broker", 1)
+    s.tick(1)
+    s.ready("gateway", 2)
+    exited = s.exited("worker-0", CONFIG_EXIT_CODE, 3)
+    assert exited.fatal and "model" in exited.fatal and exited.restart_in_s is None and not exited.given_up
+    assert s.phase("worker-0") is Phase.DONE and s.next_wakeup() is None, "no restart is due"
+    assert names(s.tick(3)) == [("Term", "gateway")]
+    s.exited("gateway", 0, 4)
+    assert names(s.tick(4)) == [("Term", "worker-1")]
+    s.exited("worker-1", 0, 5)
+    assert names(s.tick(5)) == [("Term", "broker")]
+    s.exited("broker", 0, 6)
+    assert s.tick(6) == [] and s.exit_code == CONFIG_EXIT_CODE
+
+
+def test_a_model_that_cannot_be_had_once_served_leaves_that_worker_stopped_and_the_rest_serving() -> None:
+    """The stack served, then a worker's restart found its model gone: it stays down, and nothing else changes
+    (a restart would fail the same way; the others still serve what they loaded)."""
+    s = stack(workers=2)
+    start_all(s)
+    s.exited("worker-0", KILLED, 100)
+    assert names(s.tick(101)) == [("Start", "worker-0")]
+    exited = s.exited("worker-0", CONFIG_EXIT_CODE, 102)
+    assert exited.given_up and not exited.fatal and exited.restart_in_s is None
+    assert s.phase("worker-0") is Phase.FAILED and not s.stopping
+    assert s.next_wakeup() is None and s.tick(10_000) == [], "never restarted"
+    assert s.counts() == {Phase.READY: 3, Phase.FAILED: 1}
+    s.stop(10_001)
+    assert names(s.tick(10_001)) == [("Term", "gateway")], "the stop skips it"
+    for unit, now in (("gateway", 10_002), ("worker-1", 10_003), ("broker", 10_004)):
+        s.exited(unit, 0, now)
+        s.tick(now)
+    assert s.exit_code == 0
 
 
 def test_fail_fast_fails_the_start_with_the_units_status_but_restarts_once_served() -> None:

@@ -8,20 +8,25 @@ where :mod:`worker.runners.grouping` finds them cheaper than one padded pass
 (it does on a CPU, rarely on a GPU).  Outputs come back in input order
 either way.
 
-Parameters: ``normalize`` (default true: unit length), ``dimensions`` (keep
-the first N numbers, re-normalised when ``normalize``: what
-Matryoshka-trained models are made for), truncation
-(:mod:`worker.runners.text`) and ``prompt_name`` (:mod:`worker.runners.prompts`).
-The ``embed_all`` operation answers each token's vector instead
-(:mod:`worker.runners.operations`).
+The token vectors become one vector as the model's sentence-transformers
+modules declare (:mod:`worker.runners.st_modules`: the pooling mode, Dense
+layers, Normalize, ``max_seq_length`` and ``do_lower_case``), computed by
+:mod:`worker.runners.pooling` on every path; a folder that declares none is
+mean-pooled and normalized.  The start's log line names what was chosen.
+
+Parameters: ``normalize`` (default: as the model declares; true for a model
+that declares nothing), ``dimensions`` (keep the first N numbers,
+re-normalised when ``normalize``: what Matryoshka-trained models are made
+for), truncation (:mod:`worker.runners.text`) and ``prompt_name``
+(:mod:`worker.runners.prompts`).  The ``embed_all`` operation answers each
+token's vector instead (:mod:`worker.runners.operations`).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -29,7 +34,9 @@ from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.operations import token_rows, unpooled
 from worker.runners.packing import packer_for
 from worker.runners.phases import phase
+from worker.runners.pooling import SentenceHead, prompt_tokens, repadded, without_prompt
 from worker.runners.spec import InputError, ModelSpec, Outputs
+from worker.runners.st_modules import SentenceModules, read_modules
 from worker.runners.text import (
     TRUNCATION_PARAMETERS,
     TextRunner,
@@ -44,29 +51,40 @@ from zbatch.protocol.vocabulary import EMBED_ALL, PROMPT_NAME
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger("zbatch.worker")
+
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingOptions:
     normalize: bool
     dimensions: int | None
+    prompt_length: int = 0  # each row's first tokens that the pooling leaves out (a prompt the model excludes)
 
 
 class EmbeddingRunner(TextRunner):
-    """Mean pooling over the attention mask, then L2 norm, like sentence-transformers."""
+    """The model's pooling, Dense layers and normalization (:class:`~worker.runners.pooling.SentenceHead`)."""
 
     parameters = frozenset({"normalize", "dimensions"})
     takes_prompts = True
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype, model: Any = None) -> None:
         """``model``: one that stands in for the transformers model (ONNX Runtime's), which then never loads."""
+        modules = read_modules(spec.path)  # before the model loads: a module zbatch cannot run stops the start
         tokenizer = load_tokenizer(spec)
+        if modules.do_lower_case:
+            _lowercased(tokenizer)
         model = model if model is not None else load_model("AutoModel", spec, device, dtype)
-        super().__init__(spec, device, tokenizer, model, _max_length(spec.path, tokenizer, model.config))
+        super().__init__(spec, device, tokenizer, model, _max_length(modules, tokenizer, model.config))
+        self.head = SentenceHead(modules, int(model.config.hidden_size), device)
+        self._prompt_lengths = ({prefix: prompt_tokens(tokenizer, prefix, self.max_length)
+                                 for prefix in self.prompts.by_name.values() if prefix}
+                                if self.head.excludes_prompt else {})
         self._packer = packer_for(model, device)
         use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
-        self._graphs = GraphedPooling(model, device) if use_graphs else None
-        self.dimensions = int(model.config.hidden_size)
+        self._graphs = GraphedPooling(model, device, self.head) if use_graphs else None
+        self.dimensions = self.head.dimensions
         self.details = replace(self.details, dimensions=self.dimensions)
+        log.info("model %s: %s", spec.name, modules.describe())
 
     def warm_up(self) -> None:
         """Capture the CUDA graphs (:mod:`worker.runners.graphs`), whose captures run every shape first; warm the
@@ -109,31 +127,33 @@ class EmbeddingRunner(TextRunner):
                                        or not 1 <= dimensions <= self.dimensions):
             raise InputError(f"parameter 'dimensions' must be a whole number from 1 to {self.dimensions} (this "
                              f"model's size), not {dimensions!r}")
-        return EmbeddingOptions(flag(parameters, "normalize", True), dimensions)
+        prompt_length = self._prompt_lengths.get(self.prompts.prefix(parameters), 0) if self._prompt_lengths else 0
+        return EmbeddingOptions(flag(parameters, "normalize", self.head.modules.normalized), dimensions,
+                                prompt_length)
 
     def _forward(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:
         """One 1-D float32 vector per row of the group."""
         import torch
 
         with torch.inference_mode():
-            pooled = self._graphs.pooled(encoded) if self._graphs is not None else None
-            if pooled is not None:
-                return _finished(pooled, options)
-            hidden = self._model(**encoded).last_hidden_state.float()  # pool in float32 even for half models
-            mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return _finished(embeddings, options)
+            mask = encoded["attention_mask"]
+            pool_mask = without_prompt(mask, options.prompt_length) if options.prompt_length else None
+            pooled = self._graphs.pooled(encoded, pool_mask) if self._graphs is not None else None
+            if pooled is None:
+                pooled = self.head(self._model(**encoded).last_hidden_state, mask, pool_mask)
+            return _finished(pooled, options)
 
     def _forward_packed(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:
-        """One 1-D float32 vector per input of a packed group: the mean of its own tokens."""
+        """One 1-D float32 vector per input of a packed group, pooled from its own tokens."""
         import torch
 
         assert self._packer is not None
         lengths = encoded["lengths"].tolist()
         with torch.inference_mode():
-            hidden = self._packer(encoded["input_ids"], encoded.get("token_type_ids"), lengths).float()
-            embeddings = torch.stack([tokens.mean(dim=0) for tokens in torch.split(hidden, lengths)])
-            return _finished(embeddings, options)
+            hidden, mask = repadded(self._packer(encoded["input_ids"], encoded.get("token_type_ids"), lengths),
+                                    lengths)
+            pool_mask = without_prompt(mask, options.prompt_length) if options.prompt_length else None
+            return _finished(self.head(hidden, mask, pool_mask), options)
 
 
 def _finished(embeddings: torch.Tensor, options: EmbeddingOptions) -> list[np.ndarray]:
@@ -147,11 +167,28 @@ def _finished(embeddings: torch.Tensor, options: EmbeddingOptions) -> list[np.nd
     return list(embeddings.cpu().numpy())
 
 
-def _max_length(path: str, tokenizer: Any, config: Any) -> int:
-    """The length the sentence-transformers model was trained with, as its own loader uses; else the model's."""
-    st_config = Path(path) / "sentence_bert_config.json"
-    if st_config.is_file():
-        configured = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-        if configured:
-            return int(configured)
+def _max_length(modules: SentenceModules, tokenizer: Any, config: Any) -> int:
+    """The length the sentence-transformers model was trained with (``max_seq_length``), as its own loader
+    uses it, within the model's position embeddings; else the model's own maximum."""
+    if modules.max_seq_length:
+        positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(positions, int) and 0 < positions < modules.max_seq_length:
+            return positions
+        return modules.max_seq_length
     return model_max_length(tokenizer, config)
+
+
+def _lowercased(tokenizer: Any) -> None:
+    """Lowercase every text before the tokenizer sees it (``do_lower_case``), as sentence-transformers does."""
+    if not tokenizer.is_fast:
+        tokenizer.do_lower_case = True
+        return
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    parts: list[Any] = [] if current is None else [current]
+    if isinstance(current, Sequence):
+        parts = list(cast(Any, current))  # a sequence of normalizers iterates over them
+    if not any(isinstance(part, Lowercase) for part in parts):
+        backend.normalizer = Sequence([Lowercase(), *parts])

@@ -20,10 +20,12 @@ and its memory, so:
    (:func:`bert_pooled`), not through transformers' forward, which builds its
    attention mask with checks that read the GPU back to the CPU: a capture
    cannot contain those.  It is the same arithmetic (tested against
-   transformers' forward on the CPU), ending in the mean over each row's
-   tokens in float32.
+   transformers' forward on the CPU), ending in the model's own pooling and
+   Dense layers (:class:`~worker.runners.pooling.SentenceHead`), in float32.
 3. A batch copies its arrays into the graph's input buffers, replays it,
    and reads the pooled rows back before the next replay overwrites them.
+   A model whose pooling leaves a prompt's tokens out takes the pooling
+   mask as one more input (the prompt's length varies with the request).
    Only the inference thread replays, one graph at a time.
 4. A capture that fails (a model this does not know after all, a driver
    that refuses) leaves the model eager, with one log line: graphs are a
@@ -39,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from worker.runners.pooling import SentenceHead
+
 log = logging.getLogger("zbatch.worker")
 GRAPH_SETTINGS = ("auto", "off")
 
@@ -53,10 +57,11 @@ def graphable(model: Any) -> bool:
             and getattr(config, "position_embedding_type", "absolute") == "absolute")
 
 
-def bert_pooled(model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor) -> torch.Tensor:
-    """The mean of each row's last hidden states over its masked tokens, ``(rows, hidden)`` in float32, by the
-    model's own layers: nothing in it reads the GPU back, so it can be captured."""
+def bert_pooled(model: Any, head: SentenceHead, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's last hidden states through ``head`` (its pooling over ``pool_mask``, default the attention
+    mask, and its Dense layers), ``(rows, dimensions)`` in float32, by the model's own layers: nothing in it
+    reads the GPU back, so it can be captured."""
     import torch
     from torch.nn.functional import scaled_dot_product_attention
 
@@ -78,17 +83,18 @@ def bert_pooled(model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tenso
         context = context.transpose(1, 2).reshape(rows, length, heads * per_head)
         hidden = attention.output.LayerNorm(attention.output.dense(context) + hidden)
         hidden = layer.output.LayerNorm(layer.output.dense(layer.intermediate(hidden)) + hidden)
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)
-    pooled: torch.Tensor = (hidden.float() * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-    return pooled
+    return head(hidden, attention_mask, pool_mask)
 
 
 class GraphedPooling:
     """One captured :func:`bert_pooled` per shape, replayed for batches of that shape (rules 1 and 3)."""
 
-    def __init__(self, model: Any, device: str) -> None:
+    def __init__(self, model: Any, device: str, head: SentenceHead) -> None:
         self._model = model
         self._device = device
+        self._head = head
+        self._inputs = ("input_ids", "token_type_ids", "attention_mask",
+                        *(("pool_mask",) if head.excludes_prompt else ()))
         self._graphs: dict[tuple[int, int], tuple[Any, dict[str, torch.Tensor], torch.Tensor]] = {}
         self._pool: Any = None
 
@@ -116,14 +122,17 @@ class GraphedPooling:
         log.info("CUDA graphs captured for %d shapes (up to %d rows) in %.1f s", len(shapes),
                  max(rows for rows, _ in shapes), time.perf_counter() - started)
 
-    def pooled(self, encoded: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """The pooled rows of a padded batch by its shape's graph (valid until the next call); None without one."""
+    def pooled(self, encoded: dict[str, torch.Tensor], pool_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The pooled rows of a padded batch by its shape's graph (valid until the next call); None without one.
+        ``pool_mask``: the tokens that pool, where they are not the attention mask's."""
         entry = self._graphs.get(tuple(encoded["input_ids"].shape))  # type: ignore[arg-type]
         if entry is None:
             return None
         graph, inputs, output = entry
         inputs["input_ids"].copy_(encoded["input_ids"])
         inputs["attention_mask"].copy_(encoded["attention_mask"])
+        if "pool_mask" in inputs:
+            inputs["pool_mask"].copy_(encoded["attention_mask"] if pool_mask is None else pool_mask)
         types = encoded.get("token_type_ids")
         if types is None:
             inputs["token_type_ids"].zero_()
@@ -135,17 +144,21 @@ class GraphedPooling:
     def _capture(self, rows: int, length: int) -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
         import torch
 
-        inputs = {key: torch.zeros((rows, length), dtype=torch.long, device=self._device)
-                  for key in ("input_ids", "token_type_ids", "attention_mask")}
+        inputs = {key: torch.zeros((rows, length), dtype=torch.long, device=self._device) for key in self._inputs}
         inputs["attention_mask"].fill_(1)
+        if "pool_mask" in inputs:
+            inputs["pool_mask"].fill_(1)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # a capture needs its kernels' lazy set-up done first, on a side stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                bert_pooled(self._model, inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+                self._pass(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            output = bert_pooled(self._model, inputs["input_ids"], inputs["token_type_ids"],
-                                 inputs["attention_mask"])
+            output = self._pass(inputs)
         return graph, inputs, output
+
+    def _pass(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return bert_pooled(self._model, self._head, inputs["input_ids"], inputs["token_type_ids"],
+                           inputs["attention_mask"], inputs.get("pool_mask"))

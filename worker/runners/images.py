@@ -94,8 +94,8 @@ class ImageRunner:
         self.modelled_seconds = 0.0  # no cost model for images
         self.detection = spec.task == DETECTION
         model_class = AutoModelForObjectDetection if self.detection else AutoModelForImageClassification
-        self._processor = AutoImageProcessor.from_pretrained(spec.path)
-        self._model = model_class.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        self._processor = AutoImageProcessor.from_pretrained(spec.path, **spec.pretrained)
+        self._model = model_class.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
         self.details = ModelDetails(dtype=dtype_name(self._model.dtype),
                                     labels=announced_labels(self._model.config.id2label))
 

@@ -78,7 +78,7 @@ class PipelineRunner:
         self.device = device
         self.modelled_seconds = 0.0  # no cost model for pipelines
         self.task = _pipeline_task(spec.task)
-        self._pipe = pipeline(self.task, model=spec.path, tokenizer=spec.path, device=device)
+        self._pipe = pipeline(self.task, model=spec.path, tokenizer=spec.path, device=device, **spec.pretrained)
         self._pipe.model.to(dtype=dtype).eval()
         tokenizer = self._pipe.tokenizer
         if self.task == "text-generation" and tokenizer.pad_token is None:

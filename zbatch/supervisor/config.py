@@ -1,10 +1,10 @@
 """``zbatch serve``'s settings: flags, ``ZBATCH_*`` variables and the ``[serve]`` table, as for every daemon.
 
 Where a setting of ``zbatch serve`` has a daemon's name (``workers``,
-``port``, ``host``, ``frontend``, ``backend``, ``processes``, ``log_*``) it
-means the same thing, so one environment serves the supervisor and the
-daemons alike.  Everything else in the environment reaches the daemons
-untouched.
+``model``, ``revision``, ``model_name``, ``trust_remote_code``, ``port``,
+``host``, ``frontend``, ``backend``, ``processes``, ``log_*``) it means the
+same thing, so one environment serves the supervisor and the daemons alike.
+Everything else in the environment reaches the daemons untouched.
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ class ServeConfig:
                              "share the cores through the host's cores ledger (a lone busy one gets them all), and "
                              "each also takes it as its own 'workers' setting, the fixed split of --cores-ledger "
                              "off; 0: none on this host, GPUs or not", minimum=0)
+    model: str = option("", "the model every worker serves: a Hugging Face Hub id, downloaded once into the Hugging "
+                        "Face cache before the workers start (HF_HUB_OFFLINE=1: from the cache only), or a folder; "
+                        "empty: the workers' own setting (default: the bundled all-MiniLM-L6-v2)")
+    revision: str = option("", "the Hub model's branch, tag or commit (empty: main); the workers get the commit it "
+                           "names when they start, so all of them serve the same one")
+    model_name: str = option("", "the name the model is served as (vLLM's --served-model-name; default: the Hub id, "
+                             "or the folder's name), and the gateway's default model unless it has one set")
+    trust_remote_code: bool = option(False, "let the workers run Python code the model brings with it (config.json "
+                                     "auto_map), as transformers' trust_remote_code=True")
     gpus: str = option("auto", "GPUs to run workers on, workers_per_gpu on each, pinned with --device cuda:N: "
                        "auto (those CUDA_VISIBLE_DEVICES or nvidia-smi -L shows, none where ZBATCH_DEVICE is set), "
                        "none (CPU workers), or indices such as 0,1", check=check_gpus)

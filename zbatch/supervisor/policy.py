@@ -23,14 +23,17 @@ The rules, modelled on systemd's:
   :attr:`Backoff.reset_after_s` starts again from the first delay.
 * **Giving up.** There is no start limit (systemd's ``StartLimitBurst``): a
   daemon that cannot start on a serving host usually waits for something
-  outside it (its broker's host, GPU memory, a model folder being copied), and
-  the capped backoff already bounds what retrying costs.  Two exceptions end
-  the supervisor instead: exit status 2 before the unit was ever ready, which
-  is how every zbatch daemon reports bad settings, and they would be just as
-  bad on every restart (like ``RestartPreventExitStatus=2``); and, with
-  ``fail_fast``, any exit before the whole stack has served once, for a
-  supervisor that must fail its own start the way one process would (the
-  gateway's ``--processes``).
+  outside it (its broker's host, GPU memory), and the capped backoff already
+  bounds what retrying costs.  The exceptions are the exits that say a restart
+  cannot help (like systemd's ``RestartPreventExitStatus=2 78``): exit status
+  2 before the unit was ever ready, which is how every zbatch daemon reports
+  bad settings, ends the supervisor; exit status 78 (EX_CONFIG), a worker's
+  answer to a model it cannot get (no such folder or Hub id, no access, not in
+  the cache while offline: :mod:`zbatch.hub`), ends it too before the stack
+  has served once, and afterwards leaves that unit stopped (:attr:`Phase.FAILED`)
+  while the others keep serving.  With ``fail_fast``, any exit before the
+  whole stack has served once ends the supervisor, for one that must fail its
+  own start the way one process would (the gateway's ``--processes``).
 * **Watchdog.** With ``watchdog_s``, a unit that said READY=1 must send
   WATCHDOG=1 at least that often; one that falls silent is killed, and then
   restarted like any other exit.
@@ -45,8 +48,9 @@ The rules, modelled on systemd's:
   :data:`FORCE_GRACE_S` is killed.
 
 Exit codes of the supervisor: 0 after a stop the operator asked for, 2 after
-bad settings, the unit's own status after a ``fail_fast`` failure, and
-128 + the signal's number after a stop at once.
+bad settings, 78 after a model that cannot be had, the unit's own status
+after a ``fail_fast`` failure, and 128 + the signal's number after a stop at
+once.
 """
 
 from __future__ import annotations
@@ -56,9 +60,14 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from zbatch.hub import CONFIG_EXIT_CODE
+
 FORCE_GRACE_S = 2.0  # after a stop at once: how long units get to exit before SIGKILL
 STOP_MARGIN_S = 10.0  # a unit's stop timeout past its drain: closing, threads, logs (the units' TimeoutStopSec too)
 BAD_SETTINGS_EXIT = 2  # every zbatch daemon exits 2 when a setting is bad (zbatch/runtime/settings.py)
+CANNOT_HELP = {BAD_SETTINGS_EXIT: "exit status 2 is a zbatch daemon's answer to bad settings, and they would stay bad",
+               CONFIG_EXIT_CODE: "exit status 78 is a worker's answer to a model it cannot get as set (its last line "
+                                 "says why), and a restart would not get it either"}
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,7 @@ class Exited:
     exits_in_a_row: int = 0
     watchdog: bool = False  # it was killed because its watchdog went silent
     fatal: str = ""  # why the whole supervisor stops, if it does
+    given_up: str = ""  # why this unit is not restarted while the others go on, if it is not
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,7 @@ class Phase(enum.Enum):
     BACKOFF = "waiting to restart"
     STOPPING = "stopping"
     DONE = "stopped"
+    FAILED = "not restarted: its exit said a restart cannot help"
 
 
 @dataclass
@@ -325,9 +336,13 @@ class Supervision:
             state.exits_in_a_row = 0
         state.exits_in_a_row += 1
         fatal = ""
-        if status == BAD_SETTINGS_EXIT and not state.ever_ready:
-            fatal = "exit status 2 is a zbatch daemon's answer to bad settings, and they would stay bad"
-            self._final_code = BAD_SETTINGS_EXIT
+        if status == CONFIG_EXIT_CODE and self.stack_served:
+            state.phase = Phase.FAILED
+            return Exited(name, status, ran_s, expected=False, exits_in_a_row=state.exits_in_a_row,
+                          watchdog=watchdog, given_up=CANNOT_HELP[CONFIG_EXIT_CODE])
+        if status == CONFIG_EXIT_CODE or (status == BAD_SETTINGS_EXIT and not state.ever_ready):
+            fatal = CANNOT_HELP[status]
+            self._final_code = int(status)
         elif self.fail_fast and not self.stack_served:
             fatal = "it exited before everything served once, so the start failed"
             self._final_code = status if status > 0 else 128 + (status.signum or 0)

@@ -1,5 +1,11 @@
 """``zbatch serve``: a whole stack on this host, kept running until SIGTERM or Ctrl-C.
 
+A model named with ``--model`` (a Hub id or a folder; :mod:`zbatch.hub`)
+is found, or downloaded into the Hugging Face cache, once, before anything
+starts; a model that cannot be had ends it there, with the reason and exit
+status 78.  The workers get the commit it found, and the gateway the model's
+name as its default model (unless one is set).
+
 It starts the brokers, then the workers and the gateway
 (:mod:`zbatch.supervisor.stack`), logs when the stack serves (and tells
 systemd READY=1 when it runs as a ``Type=notify`` service), restarts any
@@ -20,6 +26,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from zbatch.hub import CONFIG_EXIT_CODE, Fetched, ModelUnavailable, fetch, is_hub_id
 from zbatch.runtime.logs import setup_logging
 from zbatch.supervisor.config import ServeConfig, load_config
 from zbatch.supervisor.policy import Backoff, Supervision
@@ -33,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     config = load_config(argv)
     setup_logging("zbatch-serve", config.log_level, config.log_format)
-    stack = build(config, os.environ, _config_flag(argv))
+    devices = worker_devices(config, os.environ)
+    fetched = fetch_model(config) if devices else None
+    stack = build(config, os.environ, _config_flag(argv), fetched)
     supervision = Supervision(
         stack.units, STOP_ORDER,
         Backoff(config.restart_delay_ms / 1000, config.restart_max_delay_ms / 1000, config.restart_reset_ms / 1000),
@@ -42,12 +51,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     shell = Shell("zbatch-serve", supervision, stack.programs, log,
                   stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP), serving=lambda: serving_line(config))
     brokers = len(config.brokers)
-    devices = worker_devices(config, os.environ)
     gpus = sorted(set(devices) - {""})
     on = f" on {len(gpus)} GPU{'' if len(gpus) == 1 else 's'} ({', '.join(gpus)})" if gpus else ""
     log.info("starting %d broker%s, %d worker%s%s and the gateway on port %d; SIGTERM or Ctrl-C stops them",
              brokers, "" if brokers == 1 else "s", len(devices), "" if len(devices) == 1 else "s", on, config.port)
     sys.exit(asyncio.run(shell.run()))
+
+
+def fetch_model(config: ServeConfig) -> Fetched | None:
+    """``config.model`` on local disk, downloaded once for every worker of the host; None where the workers'
+    own setting names it.  A model that cannot be had ends ``zbatch serve`` with its reason and status 78, before
+    anything starts."""
+    if not config.model and not config.revision:
+        return None
+    if is_hub_id(config.model):
+        at = f" at revision {config.revision}" if config.revision else ""
+        log.info("model %s%s: looking in the Hugging Face cache, or downloading it once for every worker",
+                 config.model, at)
+    try:
+        fetched = fetch(config.model, config.revision, progress=sys.stderr.isatty())
+    except ModelUnavailable as exc:
+        log.error("cannot serve the model: %s", exc)
+        sys.exit(CONFIG_EXIT_CODE)
+    commit = f" at commit {fetched.commit}" if fetched.commit else ""
+    log.info("model %s%s: %s", config.model, commit, fetched.path)
+    return fetched
 
 
 def serving_line(config: ServeConfig) -> str:

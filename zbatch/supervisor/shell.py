@@ -188,6 +188,9 @@ class Shell:
         if exited.fatal:
             self.log.error("%s exited with %s%s after %.1f s: not restarting it, and stopping everything: %s",
                            who, exited.status, why, exited.ran_s, exited.fatal)
+        elif exited.given_up:
+            self.log.error("%s exited with %s after %.1f s: not restarting it, while the others keep serving: %s",
+                           who, exited.status, exited.ran_s, exited.given_up)
         elif exited.restart_in_s is None:
             self.log.warning("%s exited with %s while everything stops: not restarting it", who, exited.status)
         else:
@@ -266,4 +269,6 @@ class Shell:
             line += ", stopping"
         elif counts.get(Phase.BACKOFF):
             line += f", {counts[Phase.BACKOFF]} waiting to restart"
+        if counts.get(Phase.FAILED):
+            line += f", {counts[Phase.FAILED]} stopped for good (see the log)"
         return line

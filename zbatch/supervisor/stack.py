@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from zbatch.client.aio import REPLY_GRACE_MS
+from zbatch.hub import Fetched, is_hub_id, public_name
 from zbatch.runtime.settings import CONFIG_ENV, env_name
 from zbatch.supervisor.config import ServeConfig
 from zbatch.supervisor.gpus import gpu_devices, workers_per_gpu
@@ -40,8 +41,10 @@ class Stack:
     programs: dict[str, Program]
 
 
-def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | None = None) -> Stack:
-    """The units of ``config``'s stack and how to run each; ``config_file`` is ``zbatch serve --config``'s."""
+def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | None = None,
+          fetched: Fetched | None = None) -> Stack:
+    """The units of ``config``'s stack and how to run each; ``config_file`` is ``zbatch serve --config``'s,
+    ``fetched`` where ``config.model`` is on disk (:func:`zbatch.hub.fetch`)."""
     config_file = config_file or environ.get(CONFIG_ENV) or None
     env = {CONFIG_ENV: os.path.abspath(config_file)} if config_file else {}
 
@@ -60,17 +63,42 @@ def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | No
         units.append(Unit(name, "broker", broker_s))
         programs[name] = Program(_module("broker", "--frontend", frontend, "--backend", backend), env)
     devices = worker_devices(config, environ)
+    model = model_flags(config, fetched)
     for i, device in enumerate(devices):
         name = f"worker-{i}"
         units.append(Unit(name, "worker", worker_s, after=("broker",)))
         pinned = ("--device", device) if device else ()
         programs[name] = Program(_module("worker", "--name", name, "--backend", config.backend,
-                                         "--workers", str(len(devices)), *pinned), env)
+                                         "--workers", str(len(devices)), *pinned, *model), env)
     units.append(Unit("gateway", "gateway", gateway_s, after=("broker",)))
+    served = served_name(config)
+    explicit = daemon_text("gateway", "default_model", environ, config_file)
+    default = ("--default-model", served) if served and not explicit else ()
     programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
-                                          "--frontend", config.frontend, "--processes", str(config.processes)),
-                                  env)
+                                          "--frontend", config.frontend, "--processes", str(config.processes),
+                                          *default), env)
     return Stack(units, programs)
+
+
+def model_flags(config: ServeConfig, fetched: Fetched | None) -> list[str]:
+    """The workers' model flags: the folder, or the Hub id at the commit ``zbatch serve`` found, so every worker
+    (and every restart) loads the same files from the cache; none where ``zbatch serve`` names no model."""
+    flags: list[str] = []
+    if fetched is not None and config.model:
+        hub = is_hub_id(config.model)
+        flags += ["--model", config.model if hub else fetched.path]
+        if hub and (fetched.commit or config.revision):
+            flags += ["--revision", fetched.commit or config.revision]
+    if config.model_name:
+        flags += ["--model-name", config.model_name]
+    if config.trust_remote_code:
+        flags += ["--trust-remote-code", "true"]
+    return flags
+
+
+def served_name(config: ServeConfig) -> str:
+    """The name the workers serve the model as, where ``zbatch serve`` knows it ("": the workers' own setting)."""
+    return config.model_name or (public_name(config.model) if config.model else "")
 
 
 def worker_devices(config: ServeConfig, environ: Mapping[str, str]) -> list[str]:
@@ -92,6 +120,23 @@ def daemon_setting(section: str, name: str, default: int, environ: Mapping[str, 
 
     A value the daemon would refuse counts as the default here: the daemon exits at start and says why.
     """
+    raw = _daemon_raw(section, name, environ, config_file)
+    if isinstance(raw, bool):
+        return default
+    try:
+        return int(raw) if isinstance(raw, int | str) else default
+    except ValueError:
+        return default
+
+
+def daemon_text(section: str, name: str, environ: Mapping[str, str], config_file: str | None) -> str:
+    """A daemon's text setting as the daemon will see it from its variable or its table ("": not set there)."""
+    raw = _daemon_raw(section, name, environ, config_file)
+    return raw if isinstance(raw, str) else ""
+
+
+def _daemon_raw(section: str, name: str, environ: Mapping[str, str], config_file: str | None) -> object:
+    """A daemon's setting from its ``ZBATCH_*`` variable, else its table of the config file; None if neither."""
     raw: object = environ.get(env_name(name))
     if raw is None and config_file:
         try:
@@ -100,12 +145,7 @@ def daemon_setting(section: str, name: str, default: int, environ: Mapping[str, 
         except (OSError, tomllib.TOMLDecodeError):
             table = {}
         raw = table.get(name) if isinstance(table, dict) else None
-    if isinstance(raw, bool):
-        return default
-    try:
-        return int(raw) if isinstance(raw, int | str) else default
-    except ValueError:
-        return default
+    return raw
 
 
 def _module(module: str, *args: str) -> list[str]:
