@@ -164,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
              "analysis": [line for line in history.previous(md_path, report.ANALYSIS_HEADING)
                           if line != report.ANALYSIS_PLACEHOLDER],
              "gpu": cases_gpu.section(ctx.rows, ctx.gpu_info) or history.previous(md_path, cases_gpu.GPU_HEADING),
-             "start": cases_start.section(ctx.rows, command) or history.previous(md_path, cases_start.HEADING),
              "issues": history.issue_sections(md_path),
              "history": history.section(history.previous(md_path), args.note, ctx.rows, args.quick)}
     md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, parts))

@@ -8,7 +8,8 @@ start filled first (it reads the verdict and the calibration,
 :mod:`worker.runners.start_cache`).  Time to READY runs from spawning the
 process to the broker listing the worker, which is what a load balancer or
 an autoscaler waits for.  Each start's log line gives its phases
-(:mod:`worker.runners.phases`); the section shows the median of each.
+(:mod:`worker.runners.phases`); the run's detail section shows the median of
+each.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from scripts.benchmarks.load import quiet
 from zbatch.testing import Daemons, spawn, start_broker, wait_for_worker
 
 STARTS = {True: 1, False: 5}  # starts of each kind: --quick, full run
-HEADING = "## Worker start"
 READY_GOAL_S = 3.0  # issue 38: a CPU worker on a warm cache is ready within this
 SYSTEMS = {"cold": "worker, cold start cache", "warm": "worker, warm start cache"}
 PHASE = re.compile(r"([a-z][a-z -]*?) (\d+\.\d+) s(?: \(([^)]*)\))?(?:, |$)")
@@ -80,19 +80,17 @@ async def start(ctx: Context) -> None:
         ctx.rows.append(row("start", system, "–", {}, **summary))
 
 
-def section(rows: list[dict[str, Any]], command: str) -> list[str]:
-    """BENCHMARKS.md's worker-start section from this run's rows; nothing if the case did not run (the last
-    run's section stays)."""
+def section(rows: list[dict[str, Any]]) -> list[str]:
+    """The detail section of this run's worker starts (nothing if the case did not run)."""
     start_rows = [r for r in rows if r["case"] == "start"]
     if not start_rows:
         return []
     names = list(dict.fromkeys(name for r in start_rows for name in r["detail"]["phases_median_s"]))
-    lines = [HEADING, "", f"`{command}` ({time.strftime('%Y-%m-%d')}): a worker of the default model on the CPU "
-             "at its defaults, started beside one broker, alternately on a new, empty start cache (cold) and on one "
-             "that a start filled first (warm); seconds from spawning the worker to the broker listing it, and the "
-             "median of each phase its log line gives (`worker/runners/phases.py`; imports: torch and "
-             "transformers, after the worker's own).", "",
-             "| start | starts | READY min / median / max s | " + " | ".join(names) + " |",
+    lines = ["", "### Worker start", "", "A worker of the default model on the CPU at its defaults, started beside "
+             "one broker, alternately on a new, empty start cache (cold) and on one that a start filled first "
+             "(warm); seconds from spawning the worker to the broker listing it, and the median of each phase its "
+             "log line gives (`worker/runners/phases.py`; imports: torch and transformers, after the worker's own).",
+             "", "| start | starts | READY min / median / max s | " + " | ".join(names) + " |",
              "|---|---|---|" + "---|" * len(names)]
     for r in start_rows:
         d = r["detail"]

@@ -284,9 +284,6 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str, qui
     if failed:
         lines += ["", f"**Failed case(s): {', '.join(failed)}** (the run's stderr has the reason)."]
     lines += sections["details"]
-    if sections.get("start"):
-        start = sections["start"]
-        lines += ["", *(start if start[0].startswith("## ") else ["## Worker start", "", *start])]
     if sections.get("gpu"):
         gpu = sections["gpu"]
         lines += ["", *(gpu if gpu[0].startswith("## ") else ["## GPU", "", *gpu])]

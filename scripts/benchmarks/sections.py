@@ -1,4 +1,5 @@
-"""The detail sections under the main table: overload, storm, peers, CPU per request, worker batches.
+"""The detail sections under the main table: overload, storm, peers, CPU per request, worker batches, worker
+starts.
 
 Each is Markdown, printed with the table and written into BENCHMARKS.md, and
 appears only when the run has rows for it.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scripts.benchmarks import cases_peers, cases_transitions
+from scripts.benchmarks import cases_peers, cases_start, cases_transitions
 from scripts.benchmarks.report import number, sorted_rows
 
 
@@ -198,4 +199,4 @@ def details(rows: list[dict[str, Any]]) -> list[str]:
     batch_rows = [r for r in ordered if r["detail"].get("worker_batches")]
     if batch_rows:
         lines += _batches(batch_rows)
-    return lines
+    return lines + cases_start.section(ordered)
