@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.runners.spec import ModelSpec
-from worker.runners.text import TextRunner, model_max_length
+from worker.runners.text import TextRunner, load_model, load_tokenizer, model_max_length
 from zbatch.protocol.vocabulary import SPARSE_INDICES, SPARSE_VALUES
 
 if TYPE_CHECKING:
@@ -31,10 +31,8 @@ class SparseEmbeddingRunner(TextRunner):
     takes_prompts = True
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
-        model = AutoModelForMaskedLM.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
+        tokenizer = load_tokenizer(spec)
+        model = load_model("AutoModelForMaskedLM", spec, device, dtype)
         super().__init__(spec, device, tokenizer, model, model_max_length(tokenizer, model.config))
         self.details = replace(self.details, dimensions=int(model.config.vocab_size))
 
