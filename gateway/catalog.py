@@ -36,6 +36,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import ApiError
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.client.stats import merge_stats
+from zbatch.protocol.vocabulary import EMBEDDINGS
 
 FRESH_S = 2.0  # a catalog older than this is refreshed in the background
 RETRY_S = 0.5  # an unknown model waits for a refresh at most this often
@@ -173,14 +174,19 @@ def served_models(models: Mapping[str, ModelInfo]) -> list[str]:
 
 
 def followed_default(models: Mapping[str, ModelInfo]) -> str:
-    """The default model of a gateway whose settings name none: the one model a worker serves.
+    """The default model of a gateway whose settings name none: the one model a worker serves, or among several
+    the one embeddings model (a worker that serves a reranker or a classifier beside its embeddings model, as
+    ``--extra-models`` adds them: those are reached by their own routes or by name).
 
-    With none, ``no_worker``; with several, ``bad_request`` asking the caller to name one, since which of them
-    a request meant cannot be known.
+    With none, ``no_worker``; with several and no single embeddings model, ``bad_request`` asking the caller to
+    name one, since which of them a request meant cannot be known.
     """
     served = served_models(models)
+    embedders = [name for name in served if models[name].task == EMBEDDINGS]
     if len(served) == 1:
         return served[0]
+    if len(embedders) == 1:
+        return embedders[0]
     if not served:
         raise ApiError("no_worker", "no worker serves a model yet: the default model is the one the workers serve; "
                                     "retry once one has started")

@@ -56,6 +56,21 @@ def test_several_models_served_and_none_named_ask_the_caller_to_name_one() -> No
     assert stub.calls[-1]["model"] == "a"
 
 
+def test_one_embeddings_model_beside_a_reranker_and_a_classifier_is_the_default() -> None:
+    figures = {"embedder": {"workers": 1, "info": {"task": "embeddings"}},
+               "reranker": {"workers": 1, "info": {"task": "rerank"}},
+               "sentiment": {"workers": 2, "info": {"task": "text-classification"}}}
+    stub = StubClient(models=figures)
+    assert call(stub, "POST", "/", body=b"hello", headers=TEXT, config=FOLLOWING).status == 200
+    embed = call(stub, "POST", "/embed", body=json.dumps({"inputs": "hi"}).encode(), headers=JSON, config=FOLLOWING)
+    assert embed.status == 200
+    assert [c["model"] for c in stub.calls] == ["embedder", "embedder"]
+    two = StubClient(models=figures | {"other": {"workers": 1, "info": {"task": "embeddings"}}})
+    answer = call(two, "POST", "/", body=b"hello", headers=TEXT, config=FOLLOWING)
+    assert answer.status == 400 and "several models (embedder, other, reranker, sentiment)" in (
+        answer.body["error"]["message"]), "two embeddings models: which one cannot be known"
+
+
 def test_no_model_served_is_no_worker_and_no_broker_is_broker_unavailable() -> None:
     stub = served(idle=("a",))
     answer = call(stub, "POST", "/", body=b"hello", headers=TEXT, config=FOLLOWING)
