@@ -8,7 +8,7 @@ starts, and keeps running while COMMAND runs (or until SIGTERM or Ctrl-C without
   serving a bigger model than the bundled one: a BERT of ``--layers`` layers built from the bundled model's
   config and tokenizer with random weights (12 layers: e5-small-v2's shape), made once and kept in
   ``$ZBATCH_BENCH_CACHE/neighbour`` (default ``~/.cache/zbatch-bench/neighbour``);
-* ``--loaders`` load-generator processes (:mod:`scripts.benchmarks.loadgen`) with ``--clients`` closed-loop
+* ``--loaders`` load-generator processes (:mod:`scripts.benchmarks.load.processes`) with ``--clients`` closed-loop
   HTTP clients in all, one text a request, against that stack.
 
 COMMAND starts once the neighbour's stack answers, and its exit status is this program's; everything the
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.benchmarks.venvs import cache_root
+from scripts.benchmarks.peers.venvs import cache_root
 from worker.runners.spec import default_model_path
 from zbatch.testing import ROOT, Daemons, broker_stats, daemon_env, start_broker, start_gateway, start_worker
 
@@ -75,7 +75,7 @@ def start_stack(daemons: Daemons, folder: Path) -> str:
 
 def start_load(url: str, loaders: int, clients: int) -> list[subprocess.Popen[bytes]]:
     shares = [clients // loaders + (index < clients % loaders) for index in range(loaders)]
-    return [subprocess.Popen([sys.executable, "-m", "scripts.benchmarks.loadgen", "http", url, "--model", MODEL,
+    return [subprocess.Popen([sys.executable, "-m", "scripts.benchmarks.load.processes", "http", url, "--model", MODEL,
                               "--concurrency", str(share), "--warmup", "0", "--duration", str(LOAD_HOURS_S),
                               "--seed", str(index)], stdout=subprocess.DEVNULL, env=daemon_env(), cwd=ROOT)
             for index, share in enumerate(shares) if share]

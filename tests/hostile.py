@@ -4,7 +4,7 @@ HOSTILE PEERS, not fakes of zbatch: raw ZeroMQ sockets that speak the wire
 protocol the way an attacker or a broken implementation would (a worker
 that lies about its capacity and never answers, clients that never read,
 floods of registrations).  ``NormalTraffic`` is the honest client whose
-every request must still be answered meanwhile.  ``scripts/benchmarks/hostile.py``
+every request must still be answered meanwhile.  ``scripts/benchmarks/studies/hostile.py``
 measures the same attacks for the record.
 """
 

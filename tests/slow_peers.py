@@ -2,7 +2,7 @@
 
 The tests of slow and many connections (tests/gateway/test_slow_clients.py,
 tests/broker/test_many_connections.py) and their benchmark
-(``python -m scripts.benchmarks.slow_clients``) share these, so the numbers
+(``python -m scripts.benchmarks.studies.slow_clients``) share these, so the numbers
 and the checks come from the same peers:
 
 * :class:`SlowHttp`: connections that send a request's first bytes at once

@@ -19,24 +19,18 @@ import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from scripts.benchmarks import (
-    cases_gpu,
-    cases_infra,
-    cases_model,
-    cases_overlap,
-    cases_overload,
-    cases_peers,
-    cases_start,
-    cases_transitions,
-    charts,
-    history,
-    load,
-    report,
-    sections,
-    targets,
-)
-from scripts.benchmarks.common import Context, Settings
-from scripts.benchmarks.procs import log
+from scripts.benchmarks.cases import gpu as cases_gpu
+from scripts.benchmarks.cases import infra as cases_infra
+from scripts.benchmarks.cases import model as cases_model
+from scripts.benchmarks.cases import overlap as cases_overlap
+from scripts.benchmarks.cases import overload as cases_overload
+from scripts.benchmarks.cases import peers as cases_peers
+from scripts.benchmarks.cases import start as cases_start
+from scripts.benchmarks.cases import transitions as cases_transitions
+from scripts.benchmarks.cases.context import Context, Settings
+from scripts.benchmarks.common.procs import log
+from scripts.benchmarks.load import loops
+from scripts.benchmarks.report import charts, history, results, sections, targets
 from zbatch.runtime import eventloop, native
 from zbatch.testing import ROOT
 
@@ -142,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_file_limit()
     # Each row names the broker it measures: interpreted unless a case passes a compiled build itself.
     os.environ.pop(native.ENV, None)
-    load.QUIET["wait_s"] = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 60.0)
-    load.QUIET["retries"] = 1 if load.QUIET["wait_s"] > 0 else 0
+    loops.QUIET["wait_s"] = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 60.0)
+    loops.QUIET["retries"] = 1 if loops.QUIET["wait_s"] > 0 else 0
     cases_peers.SELECTED["peers"] = tuple(args.peers)
     ctx = Context(settings)
     started = time.monotonic()
@@ -152,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         log("interrupted; every process this run started has been stopped")
         return 130
-    report.add_ratios(ctx.rows)
-    info = report.machine()
+    results.add_ratios(ctx.rows)
+    info = results.machine()
     pngs = charts.write_charts(ctx.rows, data_dir)
     if not pngs:
         log("charts skipped (no results to chart, or matplotlib is not installed)")
@@ -161,16 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     md_path = md_dir / "BENCHMARKS.md"
     details = sections.details(ctx.rows)
     parts = {"targets": targets.section(ctx.rows), "details": details,
-             "analysis": [line for line in history.previous(md_path, report.ANALYSIS_HEADING)
-                          if line != report.ANALYSIS_PLACEHOLDER],
+             "analysis": [line for line in history.previous(md_path, results.ANALYSIS_HEADING)
+                          if line != results.ANALYSIS_PLACEHOLDER],
              "gpu": cases_gpu.section(ctx.rows, ctx.gpu_info) or history.previous(md_path, cases_gpu.GPU_HEADING),
              "issues": history.issue_sections(md_path),
              "history": history.section(history.previous(md_path), args.note, ctx.rows, args.quick)}
-    md_path.write_text(report.markdown(ctx.rows, info, command, args.quick, links, failed, parts))
-    report.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),
+    md_path.write_text(results.markdown(ctx.rows, info, command, args.quick, links, failed, parts))
+    results.write_json(data_dir / "bench-results.json", ctx.rows, info, command, dataclasses.asdict(settings),
                       failed)
     cases_gpu.write_raw(ctx.rows, ctx.gpu_info, data_dir)
-    print("\n".join([report.table(ctx.rows), *parts["targets"], *details]))
+    print("\n".join([results.table(ctx.rows), *parts["targets"], *details]))
     log(f"wrote {md_dir / 'BENCHMARKS.md'}, {data_dir / 'bench-results.json'}"
         + (f" and {len(pngs)} chart(s) in {data_dir}" if pngs else "") + f" in {time.monotonic() - started:.0f} s")
     if failed:

@@ -3,7 +3,7 @@
 Each attack runs while honest clients keep asking an echo worker: every one
 of their requests must be answered ok, and the broker must still answer
 STATS afterwards.  Memory is judged by what the broker holds (its backlog's
-bytes, its models), not by timings; scripts/benchmarks/hostile.py measures
+bytes, its models), not by timings; scripts/benchmarks/studies/hostile.py measures
 the RSS of the same attacks at full size.
 """
 
@@ -37,8 +37,8 @@ def context() -> Iterator[Context]:
 def broker(log_dir: Path) -> Iterator[Daemon]:
     broker = start_broker(log_dir, models=(VICTIM, ECHO), max_backlog_bytes=8 * MIB,
                           no_worker_grace_ms=GRACE_MS)
-    echo = spawn("scripts.benchmarks.echo_worker", "echo", log_dir, "broker", backend=broker.backend, name="echo",
-                 model=ECHO, outputs="vector")
+    echo = spawn("scripts.benchmarks.systems.echo_worker", "echo", log_dir, "broker", backend=broker.backend,
+                 name="echo", model=ECHO, outputs="vector")
     try:
         wait_until(lambda: len(stats(broker)["workers"]) == 1, 60, "the echo worker to register", echo.log)
         yield broker

@@ -6,7 +6,7 @@ own network namespace with an address in 10.200.0.0/24.  The workers serve
 the real default model and register with both brokers; the gateway lists
 both brokers.  Faults: a broker SIGSTOPped then resumed, a worker host's
 link down then up, a broker killed (``kill -9``) then restarted, and 64
-simulated workers (scripts/benchmarks/echo_worker.py, a sleeping model)
+simulated workers (scripts/benchmarks/systems/echo_worker.py, a sleeping model)
 spread over both brokers.  The fleet is shared by the tests, in order; each
 test leaves it whole.  Each test prints its figures (``-s``): detection
 and rejoin times, requests sent and answered.
@@ -267,7 +267,7 @@ def test_64_simulated_workers_over_two_brokers_share_the_load_evenly(fleet: Flee
     model, per_host = "simulated", 32
     for index in (1, 2):
         host = fleet.net[f"worker{index}"]
-        fleet.daemons.add(host.spawn("scripts.benchmarks.echo_worker", f"sim{index}", fleet.daemons.log_dir,
+        fleet.daemons.add(host.spawn("scripts.benchmarks.systems.echo_worker", f"sim{index}", fleet.daemons.log_dir,
                                      "broker", backend=fleet.backends, name=f"sim{index}", count=per_host,
                                      model=model, batch_ms=20, capacity=4, max_batch=4, outputs="vector"))
     try:

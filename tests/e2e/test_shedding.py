@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from scripts.benchmarks.delay import COST_ENV, RUNNERS
-from scripts.benchmarks.delay import MODEL as SIMULATED
+from scripts.benchmarks.systems.accelerator import COST_ENV, RUNNERS
+from scripts.benchmarks.systems.accelerator import MODEL as SIMULATED
 from tests.daemons import Daemon, broker_stats, running_stack, wait_until
 from tests.load import Answer, Load
 from worker.runners import DEFAULT_MODEL_NAME
@@ -128,13 +128,13 @@ def test_64_clients_of_32_texts_with_a_5_s_deadline_on_one_worker_are_shed_with_
 
 
 def test_on_a_simulated_accelerator_late_answers_are_few(log_dir: Path) -> None:
-    """The same loads against a worker whose model sleeps a fixed time a batch (``scripts.benchmarks.delay``:
-    40 ms plus 1.5 ms an item, 88 ms for 32 texts, so a deadline of about 3.5 s), as an accelerator's would:
-    its pace does not depend on what else runs on the host, only the worker's and gateway's own handling of
-    each request does, which is small beside a batch.  So here the broker's predictions hold, and at most a
-    tenth of the admitted requests may end 504 (what is late is the handling on a host so busy that it
-    delays even those)."""
-    worker = {"task": f"python:scripts.benchmarks.delay:{RUNNERS['none']}", "model_name": SIMULATED,
+    """The same loads against a worker whose model sleeps a fixed time a batch
+    (``scripts.benchmarks.systems.accelerator``: 40 ms plus 1.5 ms an item, 88 ms for 32 texts, so a deadline of
+    about 3.5 s), as an accelerator's would: its pace does not depend on what else runs on the host, only the
+    worker's and gateway's own handling of each request does, which is small beside a batch.  So here the
+    broker's predictions hold, and at most a tenth of the admitted requests may end 504 (what is late is the
+    handling on a host so busy that it delays even those)."""
+    worker = {"task": f"python:scripts.benchmarks.systems.accelerator:{RUNNERS['none']}", "model_name": SIMULATED,
               "model_path": str(log_dir), "workers": 1, "torch_threads": 1, "env": {COST_ENV: "40,1.5"}}
     with running_stack(log_dir, workers=1, worker=worker) as stack:
         load, stats = shed(f"{stack['gateway'].url}/models/{SIMULATED}", stack, SIMULATED)

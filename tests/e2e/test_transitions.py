@@ -2,7 +2,7 @@
 kill -9 of a worker and of a broker under load (issue 38).
 
 Real daemons (the harness, and ``zbatch serve`` for the kills) on the simulated accelerator of
-``scripts/benchmarks/delay.py``: the real worker, whose model sleeps as a GPU computes (batches of up to
+``scripts/benchmarks/systems/accelerator.py``: the real worker, whose model sleeps as a GPU computes (batches of up to
 128, two in flight, the first two batches after a start slow, as a GPU's may be) and takes no CPU.  So this host
 plays a GPU host: the accelerator is never what limits, a worker of the model has free credit throughout,
 and every refusal is the stack's own doing.  Closed-loop HTTP clients (tests/load.py) load the stack.
@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.benchmarks import delay
+from scripts.benchmarks.systems import accelerator as simulated
 from tests.daemons import Daemons, broker_stats, http_status, start_broker, start_gateway, start_worker, wait_until
 from tests.load import Load
 from zbatch.testing import serves, spawn_serve, supervised_pids, wait_ready_again
 
-MODEL = delay.MODEL
+MODEL = simulated.MODEL
 STAGGER_S = 0.5  # between two registrations, as in scripts/bench's staggered case
 COLD = (2, 1_000.0)  # a fresh worker's first two batches each 1 s slower: its broker's first rate is a poor one
 CLIENTS = 256  # issue 38's chaos load: one worker's credit, a third of the three workers' of the kill test
@@ -41,7 +41,7 @@ def report(name: str, **figures: Any) -> None:
 def accelerator(log_dir: Path, **settings: Any) -> dict[str, str]:
     folder = log_dir / "simulated-model"
     folder.mkdir(exist_ok=True)
-    return delay.accelerator_env(str(folder), cold=COLD, **settings)
+    return simulated.accelerator_env(str(folder), cold=COLD, **settings)
 
 
 def more_answers(load: Load, count: int) -> Any:
@@ -67,7 +67,7 @@ def test_workers_registering_half_a_second_apart_under_load_refuse_nothing(log_d
     a second, far inside the 30 s deadline, and less than the broker's cold count: a refusal can only come
     from a rate trusted on too little evidence (a fresh worker's first batches are slow) or from a verdict
     that outlived it.  The stagger is set by the simulated model, which ends its warm-up when told to
-    (delay.open_gates) once every worker has loaded, so it does not depend on how fast this host loads them.
+    (simulated.open_gates) once every worker has loaded, so it does not depend on how fast this host loads them.
     """
     with Daemons(log_dir) as daemons:
         broker = daemons.add(start_broker(log_dir))
@@ -76,7 +76,7 @@ def test_workers_registering_half_a_second_apart_under_load_refuse_nothing(log_d
         for index, gate in enumerate(gates):
             daemons.add(start_worker(broker, log_dir, f"worker-{index}", wait=False, workers=1, cores_ledger="off",
                                      env=accelerator(log_dir, ready_gate=gate)))
-        delay.open_gates(gates, STAGGER_S, TIMEOUT_S)
+        simulated.open_gates(gates, STAGGER_S, TIMEOUT_S)
         daemons.wait(lambda: http_status(f"{gateway.url}/readyz", 0.5) == 200, "the first worker", TIMEOUT_S)
         ready = time.time()
         with Load(f"{gateway.url}/models/{MODEL}", STAGGERED_CLIENTS) as load:

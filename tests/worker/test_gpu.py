@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from scripts.benchmarks.texts import WORDS, shuffled
+from scripts.benchmarks.common.texts import WORDS, shuffled
 from worker.runners import ModelSpec, default_model_path, load_runner
 from worker.runners.embeddings import EmbeddingRunner
 from zbatch import testing

@@ -1,7 +1,7 @@
 """Other serving frameworks ("peers") serving the bench's model, one module per peer, each a small server script.
 
 Each module runs as ``python -m scripts.benchmarks.peers.NAME --port P --model DIR`` with the
-interpreter of the peer's own virtual environment (``scripts/benchmarks/venvs.py`` installs it:
+interpreter of the peer's own virtual environment (``scripts/benchmarks/peers/venvs.py`` installs it:
 the peer's pinned release next to torch's CPU build), so a peer module, and this package, import
 only the standard library and what that environment holds, never zbatch.  Every peer serves the
 model the same way, with the settings below, which are zbatch's defaults as ``scripts/serve``
