@@ -24,12 +24,12 @@ from scripts.benchmarks.cases import infra as cases_infra
 from scripts.benchmarks.cases import model as cases_model
 from scripts.benchmarks.cases import overlap as cases_overlap
 from scripts.benchmarks.cases import overload as cases_overload
-from scripts.benchmarks.cases import peers as cases_peers
 from scripts.benchmarks.cases import start as cases_start
 from scripts.benchmarks.cases import transitions as cases_transitions
 from scripts.benchmarks.cases.context import Context, Settings
 from scripts.benchmarks.common.procs import log
 from scripts.benchmarks.load import loops
+from scripts.benchmarks.peers import systems as peer_systems
 from scripts.benchmarks.report import charts, history, results, sections, targets
 from zbatch.runtime import eventloop, native
 from zbatch.testing import ROOT
@@ -65,9 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cases", default=None,
                         help=f"comma-separated cases to run (default: all; with --quick all but "
                              f"{', '.join(NOT_QUICK)}): {', '.join(CASES)}")
-    parser.add_argument("--peers", default=",".join(cases_peers.PEER_NAMES),
+    parser.add_argument("--peers", default=",".join(peer_systems.PEER_NAMES),
                         help="the peers case's frameworks, comma-separated (default: all): "
-                             f"{', '.join(cases_peers.PEER_NAMES)}")
+                             f"{', '.join(peer_systems.PEER_NAMES)}")
     parser.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                         help="before each measurement, wait up to this long for other processes to leave the "
                              "CPU idle, and measure once more if they disturbed it anyway "
@@ -84,9 +84,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"unknown case(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CASES)}")
     args.cases = [c for c in CASES if c in chosen]
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = [p for p in args.peers if p not in cases_peers.PEER_NAMES]
+    unknown = [p for p in args.peers if p not in peer_systems.PEER_NAMES]
     if unknown:
-        parser.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(cases_peers.PEER_NAMES)}")
+        parser.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(peer_systems.PEER_NAMES)}")
     return args
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(native.ENV, None)
     loops.QUIET["wait_s"] = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 60.0)
     loops.QUIET["retries"] = 1 if loops.QUIET["wait_s"] > 0 else 0
-    cases_peers.SELECTED["peers"] = tuple(args.peers)
+    peer_systems.SELECTED["peers"] = tuple(args.peers)
     ctx = Context(settings)
     started = time.monotonic()
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.benchmarks.cases import peers as cases_peers
 from scripts.benchmarks.common import batches, procs
 from scripts.benchmarks.common.procs import MODEL
+from scripts.benchmarks.peers import systems as peer_systems
 from scripts.benchmarks.systems.limit import LimitProcess
 from zbatch.testing import Daemons, broker_stats, start_broker
 
@@ -118,7 +118,7 @@ class Context:
     _stacks: dict[str, ZbatchStack] = field(default_factory=dict)  # by system_key("zbatch", dtype)
     _limits: dict[str, LimitProcess] = field(default_factory=dict)  # by system_key("limit", dtype)
     _baselines: dict[str, Baseline] = field(default_factory=dict)
-    _peers: cases_peers.PeerSystems | None = None
+    _peers: peer_systems.PeerSystems | None = None
 
     def find(self, case: str, system: str | None = None, concurrency: int | str | None = None) -> dict[str, Any] | None:
         for r in self.rows:
@@ -161,11 +161,11 @@ class Context:
             self._baselines[mode] = Baseline(daemons, f"{url}/models/{MODEL}")
         return self._baselines[mode]
 
-    async def peers(self) -> cases_peers.PeerSystems:
-        """The other serving frameworks (see cases_peers.py), checked against the float32 zbatch stack's answers."""
+    async def peers(self) -> peer_systems.PeerSystems:
+        """The other serving frameworks (see peers/systems.py), checked against the float32 zbatch stack's answers."""
         if self._peers is None:
             stack = await self.zbatch()
-            self._peers = await cases_peers.start(stack.url)
+            self._peers = await peer_systems.start(stack.url)
         return self._peers
 
     async def release(self, keep: set[str]) -> None:

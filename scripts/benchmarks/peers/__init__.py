@@ -1,9 +1,12 @@
 """Other serving frameworks ("peers") serving the bench's model, one module per peer, each a small server script.
 
-Each module runs as ``python -m scripts.benchmarks.peers.NAME --port P --model DIR`` with the
-interpreter of the peer's own virtual environment (``scripts/benchmarks/peers/venvs.py`` installs it:
-the peer's pinned release next to torch's CPU build), so a peer module, and this package, import
-only the standard library and what that environment holds, never zbatch.  Every peer serves the
+Each ``NAME_server`` module runs as ``python -m scripts.benchmarks.peers.NAME_server --port P --model DIR``
+with the interpreter of the peer's own virtual environment (:mod:`scripts.benchmarks.peers.venvs`
+installs it: the peer's pinned release next to torch's CPU build), so a server module, ``embed`` and
+this package import only the standard library and what that environment holds, never zbatch.  The
+bench's side of the peers, run in the bench's own environment, is ``venvs`` (the installs) and
+``systems`` (which peers there are, and how each is started, checked against zbatch's vectors and
+stopped); the peers case that measures them is :mod:`scripts.benchmarks.cases.peers`.  Every peer serves the
 model the same way, with the settings below, which are zbatch's defaults as ``scripts/serve``
 ships it: the comparison is of the serving, not of the model.
 """
