@@ -40,12 +40,13 @@ from typing import Any
 
 from scripts.benchmarks.cases import onnx as cases_onnx
 from scripts.benchmarks.cases import peers as cases_peers
-from scripts.benchmarks.cases.context import Context, ZbatchStack, row, system_key
+from scripts.benchmarks.cases.context import Context, row
 from scripts.benchmarks.common import batches, procs
 from scripts.benchmarks.common.procs import MODEL
 from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load.calls import http_call, http_session, zmq_infer_call
 from scripts.benchmarks.load.loops import closed_loop, quiet
+from scripts.benchmarks.systems.stacks import ZbatchStack, system_key
 from zbatch.client import AsyncClient
 
 CASES = ("limit", "zbatch-http", "zbatch-zmq", "zbatch-serve", "baseline-naive", "baseline-batched", "zbatch-bf16",
