@@ -221,13 +221,13 @@ CASE_NOTES = """
   sleeps like the real model on this CPU (15 ms + 7 ms per item per batch of at most 32), "GPU-class"
   (5 ms + 0.2 ms per item) is cheap enough that the broker and the Python client become the limit.
 * **overlap**: 32 closed-loop clients against the simulated-accelerator worker of
-  `python -m scripts.benchmarks.systems.accelerator`, its model sleeping 2 ms a batch behind the real tokenizer: texts
+  `python -m scripts.benchmarks.studies.delay`, its model sleeping 2 ms a batch behind the real tokenizer: texts
   tokenized in the model's shadow by the preparation pool (as the worker runs text models), and tokenized by
   the inference thread before each batch; `inline` in its ratio is the first over the second, paired in rounds.
   Then the same pair on the real model: two real workers of one broker, one with the preparation pool and one
   without (`--tokenize-ahead false`), under 32 closed-loop ZeroMQ clients, alternating in rounds.
 * **chaos** and **staggered** (issue 38): the stack's transitions on the simulated accelerator of
-  `python -m scripts.benchmarks.systems.accelerator` at GPU rates (the real worker; a batch of up to 128 sleeps 20 ms +
+  `python -m scripts.benchmarks.studies.delay` at GPU rates (the real worker; a batch of up to 128 sleeps 20 ms +
   0.2 ms an item, a fresh worker's first two a second longer each; two batches in flight), so that a refusal is
   the stack's own doing. chaos: `zbatch serve` with 2 brokers and 4 workers, 256 closed-loop clients (3/4
   over HTTP, 1/4 over ZeroMQ to both brokers), kill -9 of 4 workers and 2 brokers 8 s apart, each restarted

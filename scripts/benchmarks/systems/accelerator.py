@@ -1,32 +1,18 @@
-"""The batch delay against the clients' round trip, on a simulated accelerator behind the real worker.
+"""A simulated accelerator behind the real worker: a model that sleeps as a GPU computes, and takes no CPU.
 
-``python -m scripts.benchmarks.systems.accelerator [--delays 0,2,5] [--concurrency 8,32] [--batch-ms 20] [--item-ms 0.2]
-[--tokenize none|inline|ahead]`` prints a Markdown table: for each
-``--max-batch-delay-ms``, the throughput of closed-loop clients (the
-project's AsyncClient) over what full batches would give, and the batch
-sizes the worker ran.  The worker, broker and policy are the real ones; only
-the model is replaced by :class:`SleepRunner`, which costs a fixed time per
-batch plus a little per item, like a GPU, and uses no CPU.  Not a case of
-``scripts/bench``: it answers an operator's question (how long a delay does
-a GPU host need?), and the answer is in docs/deployment/gpu-hosts.md.
+The worker, broker and policy are the real ones; only the model is replaced by :class:`SleepRunner`,
+which costs a fixed time per batch plus a little per item, like a GPU, and uses no CPU, so that this
+host plays a GPU host.  The overlap, idle, chaos and staggered cases, the tests of transitions and
+shedding, and :mod:`scripts.benchmarks.studies.delay` run on it.
 
-With ``--tokenize`` the simulated model takes real texts through the real
-tokenizer of the bundled model first (:class:`TokenizingSleepRunner`, a text
-runner whose forward pass sleeps): ``ahead`` as the worker runs text models,
-encoding and planning in the preparation pool while the model runs
-(:mod:`worker.stages`); ``inline`` with the same work done by the inference
-thread before each batch, as a runner without the three steps is run.  The
-difference is what tokenizing in the model's shadow buys.
-
-Why it matters: if the delay is shorter than the time the last batch's
-clients take to send again, one early client's item runs alone and the rest
-form the next batch, and the two alternate for good.  With a fixed cost per
-batch that halves throughput (see :mod:`worker.batching`).
+:class:`TokenizingSleepRunner` takes real texts through the real tokenizer of the bundled model
+first (a text runner whose forward pass sleeps): the preparation pool encodes and plans the next
+batch while the model runs (:mod:`worker.stages`); :class:`InlineTokenizingSleepRunner` has the
+inference thread do the same work before each batch, as a runner without the three steps is run.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -37,10 +23,9 @@ from scripts.benchmarks.common import batches, procs
 from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load import calls, loops
 from worker.runners.grouping import NEVER_SPLIT
-from worker.runners.spec import DEFAULT_MODEL_NAME, default_model_path
+from worker.runners.spec import default_model_path
 from worker.runners.text import TextRunner
 from zbatch.client import AsyncClient
-from zbatch.runtime import eventloop
 from zbatch.testing import Daemon, Daemons, free_port, start_broker, start_worker, wait_until
 
 BATCH_MS = 20.0  # fixed cost of one batch on the simulated accelerator
@@ -208,32 +193,3 @@ async def measure(delay_ms: float, concurrency: int, seconds: float, batch_ms: f
         full = min(concurrency, MAX_BATCH)
         ideal = full / (batch_ms + item_ms * full) * 1000
         return {"req_s": result["req_s"], "ideal": ideal, "p50_ms": result["p50_ms"], "batches": ran}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--delays", default="0,2,5", help="comma-separated --max-batch-delay-ms values")
-    parser.add_argument("--concurrency", default="8,32", help="comma-separated numbers of closed-loop clients")
-    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per cell")
-    parser.add_argument("--batch-ms", type=float, default=BATCH_MS, help="the simulated model's cost per batch")
-    parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
-    parser.add_argument("--tokenize", choices=tuple(RUNNERS), default="none",
-                        help="real texts through the real tokenizer first: in the model's shadow (ahead) or on "
-                             "the inference thread before each batch (inline)")
-    args = parser.parse_args()
-    print(f"Simulated accelerator: {args.batch_ms:g} ms per batch + {args.item_ms:g} ms per item, "
-          f"batches of up to {MAX_BATCH}" + ("." if args.tokenize == "none" else
-                                             f"; texts tokenized {args.tokenize} ({DEFAULT_MODEL_NAME}'s tokenizer)."))
-    print("\n| delay ms | clients | req/s | over full batches | p50 ms | batch sizes (size: count) |")
-    print("|---|---|---|---|---|---|")
-    for delay in (float(d) for d in args.delays.split(",")):
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            cell = eventloop.run(measure(delay, concurrency, args.seconds, args.batch_ms, args.item_ms,
-                                         args.tokenize))
-            sizes = ", ".join(f"{size}: {count}" for size, count in cell["batches"].get("histogram", {}).items())
-            print(f"| {delay:g} | {concurrency} | {cell['req_s']:.0f} | {cell['req_s'] / cell['ideal']:.2f}× | "
-                  f"{cell['p50_ms']:.1f} | {sizes} |", flush=True)
-
-
-if __name__ == "__main__":
-    main()
