@@ -102,7 +102,7 @@ class Context:
         return self._limits[key]
 
     async def baseline(self, mode: str) -> Baseline:
-        """The Hugging Face guide's server, ``naive`` or ``batched`` (see baselines.py)."""
+        """The Hugging Face guide's server, ``naive`` or ``batched`` (see systems/baselines.py)."""
         if mode not in self._baselines:
             procs.log(f"starting baseline-{mode} (loads the model)")
             daemons = Daemons()

@@ -142,7 +142,7 @@ def running() -> Iterator[Daemons]:
 
 
 def start_echo_system(daemons: Daemons, workers: int, *flags: str, env: dict[str, str] | None = None) -> Daemon:
-    """A broker (``env`` added to its environment) and ``workers`` instant workers (echo_worker.py, ``flags``)
+    """A broker (``env`` added to its environment) and ``workers`` instant workers (systems/echo_worker.py, ``flags``)
     named echo0, echo1, ...; returns the broker."""
     broker = daemons.add(start_broker(daemons.log_dir, env=env))
     echoes = [daemons.add(spawn(ECHO_WORKER, f"echo{i}", daemons.log_dir, "broker", *flags,

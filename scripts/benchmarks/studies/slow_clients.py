@@ -29,7 +29,7 @@ full strength.  Every daemon starts with a soft limit of ``--files`` open
 files (1024: what systemd gives a unit without ``LimitNOFILE=``; 0 keeps
 this process's), as they would under systemd without the units' setting.
 The daemons are the real broker and gateway, with two instant workers
-(echo_worker.py), so what is measured is the HTTP and routing path, not a
+(systems/echo_worker.py), so what is measured is the HTTP and routing path, not a
 model.
 
 ``--baseline DIR`` runs every case on the daemons of another source tree
