@@ -87,7 +87,8 @@ def _answers(frontend: str) -> bool:
 
 
 def _start_proxy(daemons: Daemons, mode: str, system: str) -> str:
-    """libzmq's proxy or the Python forwarder (systems/echo_worker.py ``mode``) and its echo workers; returns its frontend."""
+    """libzmq's proxy or the Python forwarder (systems/echo_worker.py ``mode``) and its echo workers; returns its
+    frontend."""
     frontend, backend = endpoint(), endpoint()
     daemons.add(spawn(ECHO_WORKER, mode, daemons.log_dir, mode, frontend=frontend, backend=backend))
     for i in range(ECHO_WORKERS):
