@@ -19,8 +19,14 @@ from zbatch.testing import START_CACHE_ENV
 def start_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One start cache for the whole run, in-process loads and daemons alike (:data:`START_CACHE_ENV`): the first
     start of a model exports, validates and calibrates it, and every later one reads what it kept.  A developer's
-    own ``ZBATCH_ONNX_CACHE`` wins, to keep it across runs.  A test of a cold start names a folder of its own."""
-    chosen = os.environ.get(START_CACHE_ENV) or str(tmp_path_factory.mktemp("start-cache"))
+    own ``ZBATCH_ONNX_CACHE`` wins, to keep it across runs.  A test of a cold start names a folder of its own.
+    Under pytest-xdist the run's processes share one (in the base folder above each process's own): the cache is
+    written for workers that start together (tests/worker/test_start_cache.py)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    chosen = os.environ.get(START_CACHE_ENV) or str(shared / "start-cache")
+    Path(chosen).mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(START_CACHE_ENV, chosen)
         yield Path(chosen)

@@ -19,7 +19,8 @@ from scripts.docs import ROOT, SETTINGS_MARK, Sample, programs, render, samples
 from zbatch.runtime.settings import env_name, flag_name
 
 # Variables that are not settings of a program: read by scripts/, the bench, or the runtime itself.
-OTHER_VARIABLES = {"ZBATCH_CONFIG", "ZBATCH_NATIVE_DIR", "ZBATCH_TORCH", "ZBATCH_VENV", "ZBATCH_BENCH_CACHE"}
+OTHER_VARIABLES = {"ZBATCH_CONFIG", "ZBATCH_NATIVE_DIR", "ZBATCH_TORCH", "ZBATCH_VENV", "ZBATCH_BENCH_CACHE",
+                   "ZBATCH_TEST_PROCESSES"}
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 ALL_SAMPLES = list(samples())
 
