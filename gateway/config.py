@@ -121,17 +121,6 @@ class GatewayConfig:
         return self.default_model or (self.models[0] if self.models else "")
 
     @property
-    def tei_models(self) -> dict[str, str]:
-        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route);
-        "": the default model, whichever the brokers serve.  TEI's root, JSON at ``POST /``, runs the default
-        model, as the root's plain text does."""
-        main = self.tei_model or self.named_default_model
-        return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
-                "/info": main, "/health": main, "/embed_sparse": self.tei_sparse_model or main,
-                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main,
-                "/": self.named_default_model}
-
-    @property
     def process_count(self) -> int:
         """How many processes serve: ``processes``, or for 0 the cores this process may run on, at most 4."""
         return self.processes or min(usable_cores(), MAX_AUTO_PROCESSES)
