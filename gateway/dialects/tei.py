@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import ModelInfo, default_model, fleet_stats
+from gateway.appkeys import CLIENT, CONFIG
+from gateway.catalog import CATALOG, ModelInfo, default_model, fleet_stats
 from gateway.config import GatewayConfig
 from gateway.dialects import Claim, Dialect, require_task, task_routes
 from gateway.errors import ERRORS as CODES
