@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.guard import check_api_keys_file
-from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
-from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, MODELS_HELP, check_endpoints, check_exposure, load, option
+from zbatch.runtime import common_options
+from zbatch.runtime.curve import check_client_settings
+from zbatch.runtime.settings import MODELS_HELP, check_endpoints, check_exposure, load, option
 
 # processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
 # measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
@@ -91,19 +91,12 @@ class GatewayConfig:
         check=check_api_keys_file,
     )
     protect_metrics: bool = option(False, "GET /metrics needs an API key too (when api_keys_file is set)")
-    curve_server_key_file: str = option(
-        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
-    )
-    curve_secret_key_file: str = option(
-        "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows",
-        check=check_secret_key_file
-    )
-    insecure: bool = option(False, INSECURE_HELP)
-    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    curve_server_key_file: str = common_options.curve_server_key_file()
+    curve_secret_key_file: str = common_options.client_secret_key_file("the gateway's")
+    insecure: bool = common_options.insecure()
+    log_level: str = common_options.log_level()
     access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")
-    log_format: str = option(
-        "text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS
-    )
+    log_format: str = common_options.log_format()
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
