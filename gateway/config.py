@@ -12,9 +12,9 @@ from zbatch.runtime import common_options
 from zbatch.runtime.curve import check_client_settings
 from zbatch.runtime.settings import MODELS_HELP, check_endpoints, check_exposure, load, option
 
-# processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
-# measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
-# limit, and each more process only costs memory and a broker connection.
+# processes = 0: one per core, up to this.  One process is one event loop on one core; past 4 the broker behind
+# them, itself on one core, is the limit, and each more process only costs memory and a broker connection
+# (what one core of each serves: BENCHMARKS.md, Analysis).
 MAX_AUTO_PROCESSES = 4
 
 
