@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from broker.core import CoreSettings
 from broker.limits import ModelLimits, check_model_limits, parse_model_limits
-from zbatch.runtime.curve import check_broker_settings, check_key_dir, check_secret_key_file
-from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, MODELS_HELP, check_endpoint, check_exposure, load, option
+from zbatch.runtime import common_options
+from zbatch.runtime.curve import check_broker_settings, check_key_dir
+from zbatch.runtime.settings import MODELS_HELP, check_endpoint, check_exposure, load, option
 
 
 @dataclass(frozen=True)
@@ -69,20 +69,17 @@ class BrokerConfig:
     max_client_requests: int = option(
         4096, "unanswered requests one client connection may hold; more are refused (503)", minimum=1
     )
-    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
-    log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
-    metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
-                               check=lambda port: None if port <= 65535 else "must be at most 65535")
-    metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
-    curve_secret_key_file: str = option(
-        "", "the broker's CURVE key pair (NAME.key_secret); empty: no encryption, anyone may connect",
-        check=check_secret_key_file,
-    )
+    log_level: str = common_options.log_level()
+    log_format: str = common_options.log_format()
+    metrics_port: int = common_options.metrics_port()
+    metrics_host: str = common_options.metrics_host()
+    curve_secret_key_file: str = common_options.curve_secret_key_file(
+        "the broker's CURVE key pair (NAME.key_secret); empty: no encryption, anyone may connect")
     curve_clients_dir: str = option("", "folder of the public keys (NAME.key) of clients and gateways allowed "
                                     "on the frontend", check=check_key_dir)
     curve_workers_dir: str = option("", "folder of the public keys of workers allowed on the backend",
                                     check=check_key_dir)
-    insecure: bool = option(False, INSECURE_HELP)
+    insecure: bool = common_options.insecure()
 
     def __post_init__(self) -> None:
         problem = check_broker_settings(self.curve_secret_key_file, self.curve_clients_dir, self.curve_workers_dir)

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG, IN_FLIGHT
-from gateway.catalog import Catalog
+from gateway.appkeys import CLIENT, CONFIG, IN_FLIGHT
+from gateway.catalog import CATALOG, Catalog
 from gateway.config import GatewayConfig
 from gateway.connections import track_requests
 from gateway.dialects import all_routes, error_shape_of
 from gateway.errors import json_errors
-from gateway.guard import InFlight, guards
+from gateway.guard import ApiKeys, InFlight, limit_in_flight, read_api_keys, require_api_key
 from gateway.metrics import METRICS, GatewayMetrics, get_metrics, measure
 from gateway.openapi import DOCUMENT
 from gateway.tracing import request_ids
@@ -57,6 +58,14 @@ def create_app(config: GatewayConfig, client: AsyncClient | None = None) -> web.
         app[CLIENT] = client
     app.add_routes(ROUTES)
     return app
+
+
+def guards(config: GatewayConfig, in_flight: InFlight) -> list[Middleware]:
+    """The key check (when keys are configured), then the body and the in-flight limit."""
+    middlewares = [limit_in_flight(in_flight, config.max_body_bytes, config.body_timeout_ms / 1000)]
+    if config.api_keys_file:
+        middlewares.insert(0, require_api_key(ApiKeys(read_api_keys(config.api_keys_file)), config.protect_metrics))
+    return middlewares
 
 
 async def _client_context(app: web.Application) -> AsyncIterator[None]:

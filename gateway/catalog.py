@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT
+from gateway.appkeys import CLIENT
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError
 from zbatch.client import AsyncClient, ZBatchError
@@ -138,6 +138,9 @@ class Catalog:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
+
+
+CATALOG = web.AppKey("catalog", Catalog)
 
 
 async def fleet_stats(request: web.Request) -> dict[str, Any]:

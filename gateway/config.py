@@ -8,13 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.guard import check_api_keys_file
-from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file
-from zbatch.runtime.logs import LOG_FORMATS
-from zbatch.runtime.settings import INSECURE_HELP, MODELS_HELP, check_endpoints, check_exposure, load, option
+from zbatch.runtime import common_options
+from zbatch.runtime.curve import check_client_settings
+from zbatch.runtime.settings import MODELS_HELP, check_endpoints, check_exposure, load, option
 
-# processes = 0: one per core, up to this.  One process is one event loop on one core (about 7,900 requests/s
-# measured, BENCHMARKS.md); past 4 the broker behind them (one core, about 13,000 routed requests/s) is the
-# limit, and each more process only costs memory and a broker connection.
+# processes = 0: one per core, up to this.  One process is one event loop on one core; past 4 the broker behind
+# them, itself on one core, is the limit, and each more process only costs memory and a broker connection
+# (what one core of each serves: BENCHMARKS.md, Analysis).
 MAX_AUTO_PROCESSES = 4
 
 
@@ -91,19 +91,12 @@ class GatewayConfig:
         check=check_api_keys_file,
     )
     protect_metrics: bool = option(False, "GET /metrics needs an API key too (when api_keys_file is set)")
-    curve_server_key_file: str = option(
-        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
-    )
-    curve_secret_key_file: str = option(
-        "", "the gateway's CURVE key pair (NAME.key_secret), whose public key the broker allows",
-        check=check_secret_key_file
-    )
-    insecure: bool = option(False, INSECURE_HELP)
-    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    curve_server_key_file: str = common_options.curve_server_key_file()
+    curve_secret_key_file: str = common_options.client_secret_key_file("the gateway's")
+    insecure: bool = common_options.insecure()
+    log_level: str = common_options.log_level()
     access_log: bool = option(False, "one log line per request, with its id (costs throughput: off by default)")
-    log_format: str = option(
-        "text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS
-    )
+    log_format: str = common_options.log_format()
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
@@ -119,17 +112,6 @@ class GatewayConfig:
         """The default model the settings name: ``default_model``, else the first of ``models``; "": none, and
         the gateway follows the brokers (:meth:`gateway.catalog.Catalog.default_model`)."""
         return self.default_model or (self.models[0] if self.models else "")
-
-    @property
-    def tei_models(self) -> dict[str, str]:
-        """The model behind each TEI route, by path (TEI serves one model per server; the gateway, one per route);
-        "": the default model, whichever the brokers serve.  TEI's root, JSON at ``POST /``, runs the default
-        model, as the root's plain text does."""
-        main = self.tei_model or self.named_default_model
-        return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
-                "/info": main, "/health": main, "/embed_sparse": self.tei_sparse_model or main,
-                "/rerank": self.tei_rerank_model or main, "/predict": self.tei_predict_model or main,
-                "/": self.named_default_model}
 
     @property
     def process_count(self) -> int:

@@ -30,13 +30,9 @@ import asyncio
 import hashlib
 import hmac
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
-
-if TYPE_CHECKING:
-    from gateway.config import GatewayConfig
 
 OPEN_PATHS = frozenset({"/healthz"})  # liveness must not depend on a key
 UNCOUNTED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})  # cheap, and needed under overload
@@ -151,11 +147,3 @@ def limit_in_flight(in_flight: InFlight, max_body_bytes: int, body_timeout_s: fl
             in_flight.count -= 1
 
     return shed
-
-
-def guards(config: GatewayConfig, in_flight: InFlight) -> list[Middleware]:
-    """The key check (when keys are configured), then the body and the in-flight limit."""
-    middlewares = [limit_in_flight(in_flight, config.max_body_bytes, config.body_timeout_ms / 1000)]
-    if config.api_keys_file:
-        middlewares.insert(0, require_api_key(ApiKeys(read_api_keys(config.api_keys_file)), config.protect_metrics))
-    return middlewares

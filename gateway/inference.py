@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import Catalog
+from gateway.appkeys import CLIENT, CONFIG
+from gateway.catalog import CATALOG, Catalog
 from gateway.config import GatewayConfig
 from gateway.metrics import MODEL
 from gateway.parsing import check_limits, request_priority, request_timeout_ms

@@ -1,4 +1,4 @@
-"""JSON bodies of the gateway's answers: worker outputs, embeddings and the broker's statistics.
+"""JSON bodies of the gateway's answers: worker outputs and the broker's statistics.
 
 Outputs come back from :class:`zbatch.client.AsyncClient` with numpy arrays in
 them, which orjson writes directly (:func:`json_response`); the statistics can
@@ -8,7 +8,6 @@ stats follow the STATS payload of zbatch/protocol/PROTOCOL.md (section 3.6).
 
 from __future__ import annotations
 
-import base64
 import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
@@ -16,10 +15,6 @@ from typing import Any
 import numpy as np
 import orjson
 from aiohttp import web
-
-from gateway.catalog import followed_config, models_of
-from gateway.config import GatewayConfig
-from gateway.dialects import routes_by_dialect
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
@@ -43,13 +38,6 @@ def json_response(value: Any) -> web.Response:
     return web.Response(body=orjson.dumps(value, option=JSON_OPTIONS), content_type="application/json")
 
 
-def encode_embedding(output: Any, encoding: str) -> Any:
-    """One embedding as OpenAI sends it: as it is for "float", little-endian float32 bytes in base64 for "base64"."""
-    if encoding == "base64":
-        return base64.b64encode(np.asarray(output, dtype="<f4").tobytes()).decode("ascii")
-    return output  # json_response writes numpy arrays itself
-
-
 def jsonable(value: Any) -> Any:
     """``value`` with arrays and numpy scalars as lists and numbers, bytes as hex, keys as text."""
     if isinstance(value, np.ndarray | np.generic):
@@ -64,21 +52,3 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(item) for item in value]
     return value
-
-
-def models_listing(stats: Mapping[str, Any], config: GatewayConfig) -> dict[str, Any]:
-    """``GET /models``: every model the broker knows, its task, the routes of each dialect that answer it
-    (as each dialect declares; TEI's only where ``config`` puts it), its figures and the workers serving it."""
-    workers = stats.get("workers", [])
-    config = followed_config(config, models_of(stats))
-    listing = []
-    for name, figures in sorted(stats.get("models", {}).items()):
-        task = (figures.get("info") or {}).get("task")
-        listing.append({
-            "name": name,
-            "task": task,
-            "dialects": routes_by_dialect(task, name, config),
-            "workers": [jsonable(w) for w in workers if name in w.get("models", ())],
-            "stats": jsonable(figures),
-        })
-    return {"models": listing}

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.appkeys import CATALOG, IN_FLIGHT
+from gateway.appkeys import IN_FLIGHT
+from gateway.catalog import CATALOG
 from gateway.config import GatewayConfig
 from gateway.connections import Connection
 from gateway.guard import ApiKeys, read_api_keys

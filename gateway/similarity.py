@@ -12,8 +12,6 @@ import numpy as np
 
 from gateway.errors import ApiError, bad_request
 from gateway.inference import Call, Result, run
-from gateway.tasks import require_task
-from zbatch.protocol.vocabulary import EMBEDDINGS
 
 
 def similarity_inputs(inputs: dict[str, Any]) -> tuple[str, list[str]]:
@@ -30,8 +28,11 @@ def similarity_inputs(inputs: dict[str, Any]) -> tuple[str, list[str]]:
 async def similarity(
     call: Call, model: str, source: str, sentences: list[str], parameters: dict[str, Any], route: str,
 ) -> tuple[list[float], Result]:
-    """The cosine similarity of each sentence with ``source``, from one request to an embeddings model."""
-    require_task(model, await call.task_of(model), {EMBEDDINGS}, route)
+    """The cosine similarity of each sentence with ``source``, from one request to an embeddings model.
+
+    The caller has refused a model known to do another task (``require_task`` of gateway/dialects/, whose
+    message names the routes that answer it); a model that still answers no vectors is refused here.
+    """
     result = await run(call, model, [source, *sentences], parameters)
     vectors = np.asarray(result.outputs, dtype=np.float32)
     if vectors.ndim != 2:

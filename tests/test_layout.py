@@ -115,3 +115,92 @@ def test_importing_zbatch_is_cheap_but_the_client_is_there() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "zbatch.client.sync"
+
+
+# --------------------------------------------------------------------------- the gateway's arrows run one way
+
+GATEWAY = ROOT / "gateway"
+# The wiring that mounts the dialects and gathers their parts: the only gateway modules beside the dialects
+# package that may import it (no dialect imports them back).
+GATEWAY_WIRING = frozenset({"gateway.app", "gateway.openapi"})
+
+
+def gateway_modules() -> dict[str, tuple[str, str]]:
+    """Every gateway module by full name, with the package its relative imports start from and its source."""
+    modules = {}
+    for path in sorted(GATEWAY.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        package = ".".join(parts[:-1])
+        name = package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"
+        modules[name] = (name if parts[-1] == "__init__" else package, path.read_text(encoding="utf-8"))
+    return modules
+
+
+def import_graph(modules: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
+    """Module -> the modules among ``modules`` it imports: at the top, in a function or for type checking only."""
+    graph: dict[str, set[str]] = {}
+    for name, (package, source) in modules.items():
+        found = set()
+        for imported in imported_modules(source, package):
+            owner = imported if imported in modules else imported.rpartition(".")[0]  # from m import name
+            if owner in modules and owner != name:
+                found.add(owner)
+        graph[name] = found
+    return graph
+
+
+def arrows_into_dialects(graph: dict[str, set[str]]) -> list[str]:
+    """``module: imports X`` for every import of the dialects package from outside it and its wiring."""
+    def in_dialects(module: str) -> bool:
+        return module == DIALECTS_PACKAGE or module.startswith(f"{DIALECTS_PACKAGE}.")
+
+    return [f"{name}: imports {target}" for name, targets in sorted(graph.items())
+            if not in_dialects(name) and name not in GATEWAY_WIRING
+            for target in sorted(targets) if in_dialects(target)]
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of imports found by a depth-first walk, as the modules around it, the first again at its end."""
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> None:
+        for target in sorted(graph[module]):
+            if target in path:
+                cycles.append([*path[path.index(target):], target])
+            elif target not in done:
+                walk(target, [*path, target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            walk(module, [module])
+    return cycles
+
+
+def test_no_shared_gateway_module_imports_a_dialect() -> None:
+    """The dialects import the gateway's shared modules, never the other way: only the wiring mounts them."""
+    graph = import_graph(gateway_modules())
+    assert {DIALECTS_PACKAGE, f"{DIALECTS_PACKAGE}.tei", *GATEWAY_WIRING} <= set(graph)
+    assert arrows_into_dialects(graph) == []
+
+
+def test_no_import_cycle_among_gateway_modules() -> None:
+    """Type-only and lazy imports count: a circle is two rooms a reader has to hold at once."""
+    assert import_cycles(import_graph(gateway_modules())) == []
+
+
+@pytest.mark.parametrize("source", ["from gateway.dialects import routes_by_dialect", "from gateway import dialects",
+                                    "def f():\n    from gateway.dialects.tei import route_models",
+                                    "if TYPE_CHECKING:\n    from .dialects import tei"])
+def test_the_gateway_checks_see_an_arrow_into_the_dialects(source: str) -> None:
+    """The checks themselves can fail: an absolute, from-package, lazy or type-only import of the dialects counts,
+    and makes a circle where the dialect imports the module back."""
+    modules = {"gateway.responses": ("gateway", source),
+               "gateway.dialects": ("gateway.dialects", "from gateway.responses import json_response"),
+               "gateway.dialects.tei": ("gateway.dialects", "from gateway.responses import json_response")}
+    graph = import_graph(modules)
+    assert arrows_into_dialects(graph)[0].startswith("gateway.responses: imports gateway.dialects")
+    assert import_cycles(graph)
+    del modules["gateway.responses"]
+    assert arrows_into_dialects(import_graph(modules)) == []

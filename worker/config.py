@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from worker.requests import InputLimits
 from worker.runners.graphs import GRAPH_SETTINGS
 from worker.runners.spec import QUANTIZE, RUNTIMES
-from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
-from zbatch.runtime.logs import LOG_FORMATS
+from zbatch.runtime import common_options
+from zbatch.runtime.curve import check_client_settings, key_name
 from zbatch.runtime.memory import FREED_MEMORY
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
+from zbatch.runtime.settings import check_endpoints, check_exposure, load, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -103,19 +103,13 @@ class WorkerConfig:
     heartbeat_liveness: int = option(3, "missed intervals before the broker is considered gone", minimum=1)
     drain_timeout_ms: int = option(10_000, "on SIGTERM, how long held work may take to finish", minimum=0)
     batch_timeout_ms: int = option(60_000, "a batch running longer means the model is stuck: exit", minimum=100)
-    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
-    log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
-    metrics_port: int = option(0, "TCP port of the Prometheus /metrics page; 0 turns it off", minimum=0,
-                               check=lambda port: None if port <= 65535 else "must be at most 65535")
-    metrics_host: str = option("127.0.0.1", "address the /metrics page listens on")
-    curve_server_key_file: str = option(
-        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
-    )
-    curve_secret_key_file: str = option(
-        "", "this worker's CURVE key pair (NAME.key_secret), whose public key the broker allows",
-        check=check_secret_key_file
-    )
-    insecure: bool = option(False, INSECURE_HELP)
+    log_level: str = common_options.log_level()
+    log_format: str = common_options.log_format()
+    metrics_port: int = common_options.metrics_port()
+    metrics_host: str = common_options.metrics_host()
+    curve_server_key_file: str = common_options.curve_server_key_file()
+    curve_secret_key_file: str = common_options.client_secret_key_file("this worker's")
+    insecure: bool = common_options.insecure()
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)

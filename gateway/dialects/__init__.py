@@ -4,7 +4,7 @@ Every module of this package is a dialect and defines ``DIALECT``, a
 :class:`Dialect`: its routes, the paths whose errors take its
 :class:`~gateway.errors.ErrorShape`, its part of the OpenAPI document, and
 which of its routes answer a model of a task (for ``GET /models`` and the
-``wrong_task`` messages).  The application mounts what :func:`declared`
+``wrong_task`` messages: :func:`require_task`).  The application mounts what :func:`declared`
 finds, the error middleware asks :func:`error_shape_of`, and the document
 (gateway/openapi.py) gathers the parts, so a new dialect is one new module
 and its tests.  A dialect imports the gateway's shared modules, never
@@ -33,14 +33,14 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.errors import ZBATCH_ERRORS, ErrorShape
+from gateway.errors import ZBATCH_ERRORS, ApiError, ErrorShape
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -131,6 +131,26 @@ def routes_by_dialect(task: str | None, model: str | None = None,
     """Per dialect, its routes that answer ``model`` (any model if None) of ``task`` under ``config``."""
     answering = {dialect.name: dialect.answers(task, model, config) for dialect in declared()}
     return {name: routes for name, routes in sorted(answering.items()) if routes}
+
+
+def task_routes(task: str) -> str:
+    """In words, where a model of ``task`` is answered, for an error message."""
+    titles = {dialect.name: dialect.title for dialect in declared()}
+    return "; ".join(f"{titles[name]}'s {', '.join(routes)}" for name, routes in routes_by_dialect(task).items())
+
+
+def require_task(model: str, task: str | None, needed: Collection[str], route: str, setting: str = "") -> None:
+    """Raise ``wrong_task`` if ``model`` is known to do another task than ``route`` needs (unknown: let it try).
+
+    The workers announce each model's task in READY (PROTOCOL.md 3.4, 5.2), which the gateway reads from the
+    brokers' STATS (gateway/catalog.py); the message names the routes that do answer the model (:func:`task_routes`).
+    """
+    if task is None or task in needed:
+        return
+    wanted = " or ".join(sorted(needed))
+    hint = f"; point {setting} at a {wanted} model" if setting else ""
+    raise ApiError("wrong_task", f"{route} needs a {wanted} model, but {model!r} is a {task} model, answered by "
+                                 f"{task_routes(task)}{hint}")
 
 
 @functools.cache

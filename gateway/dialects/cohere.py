@@ -38,14 +38,13 @@ from aiohttp import web
 
 from gateway.appkeys import CONFIG
 from gateway.config import GatewayConfig
-from gateway.dialects import Dialect
+from gateway.dialects import Dialect, require_task
 from gateway.errors import ERRORS as CODES
 from gateway.errors import ApiError, ErrorCode, ErrorShape, bad_request
 from gateway.inference import call_of, run, with_tokens
 from gateway.openapi_parts import EXAMPLE_MODEL, FLAG, TEXT, answer, inference, json_body, object_schema, ref
 from gateway.parsing import optional_flag, read_json, truncate_prompt_tokens
 from gateway.responses import json_response
-from gateway.tasks import require_task
 from gateway.tracing import REQUEST_ID
 from zbatch.protocol.vocabulary import RERANK
 from zbatch.protocol.wire import MAX_NAME_CHARS

@@ -28,14 +28,13 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from gateway.config import GatewayConfig
-from gateway.dialects import Dialect
+from gateway.dialects import Dialect, require_task
 from gateway.errors import ApiError, bad_request
 from gateway.inference import Call, call_of, run, with_tokens
 from gateway.openapi_parts import EXAMPLE_MODEL, FLAG, TEXTS, TRUNCATION, answer, inference, model_parameter, ref
 from gateway.parsing import JSON_TYPES, decode_base64, json_object, model_options, parse_inputs, parse_parameters
 from gateway.responses import json_response
 from gateway.similarity import similarity, similarity_inputs
-from gateway.tasks import require_task
 from zbatch.protocol import vocabulary
 from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS
 
@@ -76,8 +75,9 @@ async def post_model(request: web.Request) -> web.Response:
         parameters = parameters | top_level
     inputs = data.get("inputs")
     if isinstance(inputs, dict):
-        scores, result = await similarity(call, model, *similarity_inputs(inputs), parameters,
-                                          "sentence similarity")
+        source, sentences = similarity_inputs(inputs)
+        require_task(model, await call.task_of(model), {EMBEDDINGS}, "sentence similarity")
+        scores, result = await similarity(call, model, source, sentences, parameters, "sentence similarity")
         return with_tokens(json_response(scores), result)
     if await call.task_of(model) in IMAGE_TASKS:
         images, single = base64_images(inputs)

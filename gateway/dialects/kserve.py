@@ -33,7 +33,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
+from gateway.appkeys import CLIENT, CONFIG
+from gateway.catalog import CATALOG
 from gateway.config import GatewayConfig
 from gateway.dialects import Dialect
 from gateway.errors import ApiError, ErrorShape, bad_request

@@ -20,14 +20,16 @@ SDK raises ``NotFoundError``, ``BadRequestError``, ``InternalServerError``...
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from gateway.catalog import fleet_stats
 from gateway.config import GatewayConfig
-from gateway.dialects import Dialect
+from gateway.dialects import Dialect, require_task
 from gateway.errors import ApiError, ErrorShape, bad_request
 from gateway.inference import call_of, run, with_tokens
 from gateway.openapi_parts import (
@@ -43,8 +45,7 @@ from gateway.openapi_parts import (
     ref,
 )
 from gateway.parsing import model_options, parse_inputs, read_json, truncate_prompt_tokens
-from gateway.responses import encode_embedding, json_response
-from gateway.tasks import require_task
+from gateway.responses import json_response
 from zbatch.protocol import vocabulary
 from zbatch.protocol.vocabulary import EMBEDDINGS
 from zbatch.protocol.wire import MAX_NAME_CHARS
@@ -111,6 +112,13 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[str], str, dict[st
     if encoding not in ENCODINGS:
         raise bad_request('"encoding_format" must be "float" or "base64"', param="encoding_format")
     return model, texts, encoding, model_options(body, (vocabulary.DIMENSIONS, vocabulary.PROMPT_NAME))
+
+
+def encode_embedding(output: Any, encoding: str) -> Any:
+    """One embedding as OpenAI sends it: as it is for "float", little-endian float32 bytes in base64 for "base64"."""
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(output, dtype="<f4").tobytes()).decode("ascii")
+    return output  # json_response writes numpy arrays itself
 
 
 async def post_embeddings(request: web.Request) -> web.Response:

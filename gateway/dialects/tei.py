@@ -1,7 +1,7 @@
 """Hugging Face Text Embeddings Inference (TEI): its routes, request and response shapes, statuses and headers.
 
 A TEI server serves one model; the gateway puts one model behind each TEI
-route, from its settings (``GatewayConfig.tei_models``): ``ZBATCH_TEI_MODEL``
+route, from its settings (:func:`route_models`): ``ZBATCH_TEI_MODEL``
 (default: the default model) answers ``/embed``, ``/embed_all``,
 ``/similarity``, ``/tokenize``, ``/decode``, ``/info`` and ``/health``;
 ``ZBATCH_TEI_SPARSE_MODEL`` ``/embed_sparse`` (a ``sparse-embeddings`` model),
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from gateway.appkeys import CATALOG, CLIENT, CONFIG
-from gateway.catalog import ModelInfo, default_model, fleet_stats
+from gateway.appkeys import CLIENT, CONFIG
+from gateway.catalog import CATALOG, ModelInfo, default_model, fleet_stats
 from gateway.config import GatewayConfig
-from gateway.dialects import Claim, Dialect
+from gateway.dialects import Claim, Dialect, require_task, task_routes
 from gateway.errors import ERRORS as CODES
 from gateway.errors import ApiError, ErrorCode, ErrorShape, bad_request
 from gateway.inference import Call, Result, call_of, run, token_headers
@@ -61,7 +61,6 @@ from gateway.openapi_parts import (
 from gateway.parsing import JSON_TYPES, model_options, optional_flag, read_json
 from gateway.responses import VERSION, json_response
 from gateway.similarity import similarity, similarity_inputs
-from gateway.tasks import is_text_task, require_task, task_routes
 from zbatch.protocol import vocabulary as v
 
 TRUNCATION_OPTIONS = (v.TRUNCATE, v.TRUNCATION_DIRECTION)
@@ -80,6 +79,11 @@ STATUSES: dict[str, tuple[int, str]] = {
 ERROR_TYPES = ("Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty")
 
 
+def is_text_task(task: str | None) -> bool:
+    """Whether the model takes text (and so has a tokenizer); an unknown task is taken to."""
+    return task not in v.IMAGE_TASKS
+
+
 def tei_status(error: ErrorCode) -> tuple[int, str]:
     return STATUSES.get(error.code) or (error.status, "Backend" if error.status >= 500 else "Validation")
 
@@ -96,9 +100,20 @@ ERRORS = ErrorShape("TEIError", object_schema(["error", "error_type"], {
     error_answer, lambda error: tei_status(error)[0])
 
 
+def route_models(config: GatewayConfig) -> dict[str, str]:
+    """The model behind each TEI route, by path, as ``config`` names it (TEI serves one model per server; the
+    gateway, one per route); "": the default model, whichever the brokers serve.  TEI's root, JSON at ``POST /``,
+    runs the default model, as the root's plain text does."""
+    main = config.tei_model or config.named_default_model
+    return {"/embed": main, "/embed_all": main, "/similarity": main, "/tokenize": main, "/decode": main,
+            "/info": main, "/health": main, "/embed_sparse": config.tei_sparse_model or main,
+            "/rerank": config.tei_rerank_model or main, "/predict": config.tei_predict_model or main,
+            "/": config.named_default_model}
+
+
 async def route_model(request: web.Request) -> str:
     """The model behind this TEI route: its setting's, else the one model the brokers serve."""
-    return await default_model(request, request.app[CONFIG].tei_models[request.path])
+    return await default_model(request, route_models(request.app[CONFIG])[request.path])
 
 
 async def checked_model(request: web.Request, call: Call, needed: set[str] | frozenset[str]) -> str:
@@ -379,7 +394,7 @@ def answers(task: str | None, model: str | None, config: GatewayConfig | None) -
     def fits(needed: Any) -> bool:
         return needed is None or (needed(task) if callable(needed) else task in needed)
 
-    behind = config.tei_models if config is not None else {}
+    behind = route_models(config) if config is not None else {}
     return [f"{'GET' if needed is None else 'POST'} {path}" for path, needed in ROUTE_TASKS.items()
             if fits(needed) and (model is None or behind.get(path) == model)]
 

@@ -9,19 +9,20 @@ path no other dialect claims.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway.appkeys import CLIENT, CONFIG
-from gateway.catalog import default_model, fleet_stats, readiness
+from gateway.catalog import default_model, fleet_stats, followed_config, models_of, readiness
 from gateway.config import GatewayConfig
-from gateway.dialects import Dialect
+from gateway.dialects import Dialect, routes_by_dialect
 from gateway.errors import ApiError
 from gateway.inference import call_of, run, with_tokens
 from gateway.openapi_parts import BROKER_QUERY_ERRORS, answer, get, inference
 from gateway.parsing import TEXT_TYPES, check_inputs, decode_text, read_body
-from gateway.responses import json_response, jsonable, models_listing
+from gateway.responses import json_response, jsonable
 
 READY_PROBE_TIMEOUT_MS = 1000
 
@@ -67,6 +68,24 @@ async def get_models(request: web.Request) -> web.Response:
     """Every model the brokers know: its task, the routes of each dialect that answer it, its figures and
     workers (merged over the brokers)."""
     return web.json_response(models_listing(await fleet_stats(request), request.app[CONFIG]))
+
+
+def models_listing(stats: Mapping[str, Any], config: GatewayConfig) -> dict[str, Any]:
+    """``GET /models``: every model the broker knows, its task, the routes of each dialect that answer it
+    (as each dialect declares; TEI's only where ``config`` puts it), its figures and the workers serving it."""
+    workers = stats.get("workers", [])
+    config = followed_config(config, models_of(stats))
+    listing = []
+    for name, figures in sorted(stats.get("models", {}).items()):
+        task = (figures.get("info") or {}).get("task")
+        listing.append({
+            "name": name,
+            "task": task,
+            "dialects": routes_by_dialect(task, name, config),
+            "workers": [jsonable(w) for w in workers if name in w.get("models", ())],
+            "stats": jsonable(figures),
+        })
+    return {"models": listing}
 
 
 async def get_stats(request: web.Request) -> web.Response:

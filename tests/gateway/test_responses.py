@@ -10,7 +10,8 @@ import numpy as np
 from broker.core import BrokerCore, CoreSettings
 from gateway.catalog import worker_count
 from gateway.config import GatewayConfig
-from gateway.responses import jsonable, models_listing
+from gateway.dialects.zbatch import models_listing
+from gateway.responses import jsonable
 from zbatch.protocol import wire
 
 

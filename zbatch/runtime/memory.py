@@ -10,11 +10,11 @@ resident size follows what is held.
 
 ``keep`` (a worker, by default).  A forward pass allocates its activations and frees them when it ends;
 a batch of 32 long texts has attention maps of about 100 MiB, beyond any mmap threshold, so with
-``return`` the next batch faults them all back in, page by page (on the CPU, a fifth of a worker's time went
-to the kernel doing that).  ``keep`` tells glibc never to ``mmap`` a block, never to trim the heap, and to
-serve every thread from one arena (a thread started later would otherwise get an arena of its own, made of
-64 MiB heaps that glibc still unmaps), so the next batch reuses the memory.  Resident memory then stays at
-the largest batches' peak, which the worker's batch and input limits bound.
+``return`` the next batch faults them all back in, page by page (on the CPU, a large share of a worker's time
+went to the kernel doing that: BENCHMARKS.md, Analysis).  ``keep`` tells glibc never to ``mmap`` a block, never
+to trim the heap, and to serve every thread from one arena (a thread started later would otherwise get an arena
+of its own, made of 64 MiB heaps that glibc still unmaps), so the next batch reuses the memory.  Resident memory
+then stays at the largest batches' peak, which the worker's batch and input limits bound.
 
 Settings the user made through the environment (``MALLOC_*``, ``GLIBC_TUNABLES``, a preloaded allocator)
 win over both.  Other C libraries (musl, macOS) have no ``mallopt``: nothing is done there.

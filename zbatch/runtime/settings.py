@@ -220,8 +220,6 @@ def check_endpoint(value: str) -> str | None:
 MODELS_HELP = ("the models this stack serves, comma-separated: a broker accepts their requests before any worker "
                "has announced them, and a gateway's /readyz needs a worker for each; the first is the gateway's "
                "default model where default_model is empty")
-INSECURE_HELP = ("allow ZeroMQ endpoints on a network address without CURVE: anyone who reaches them is "
-                 "trusted (default: such endpoints need CURVE)")
 LOCAL_TRANSPORTS = ("ipc", "inproc")
 LOCAL_HOSTS = ("localhost",)
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.client.stats import merge_stats
-from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, client_keys
-from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
+from zbatch.runtime import common_options
+from zbatch.runtime.curve import check_client_settings, client_keys
+from zbatch.runtime.settings import check_endpoints, check_exposure, load, option
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 STATS_TIMEOUT_MS = 2_000
@@ -39,14 +40,9 @@ class StatusConfig:
     refresh_ms: int = option(1_000, "time between refreshes", minimum=100)
     once: bool = option(False, "print one frame and exit")
     json: bool = option(False, "print the raw statistics as JSON once and exit (for scripts)")
-    curve_server_key_file: str = option(
-        "", "the broker's CURVE public key (NAME.key); empty: no CURVE", check=check_public_key_file
-    )
-    curve_secret_key_file: str = option(
-        "", "this client's CURVE key pair (NAME.key_secret), whose public key the broker allows",
-        check=check_secret_key_file
-    )
-    insecure: bool = option(False, INSECURE_HELP)
+    curve_server_key_file: str = common_options.curve_server_key_file()
+    curve_secret_key_file: str = common_options.client_secret_key_file("this client's")
+    insecure: bool = common_options.insecure()
 
     def __post_init__(self) -> None:
         problem = check_client_settings(self.curve_server_key_file, self.curve_secret_key_file)
