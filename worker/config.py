@@ -6,16 +6,18 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
+from worker.cores import default_path as default_ledger_path
+from worker.model_settings import GRAPH_SETTINGS, ServedModel, served_models
 from worker.requests import InputLimits
-from worker.runners.graphs import GRAPH_SETTINGS
+from worker.runners.device import DTYPES
 from worker.runners.spec import QUANTIZE, RUNTIMES
+from worker.stages import TokenizeAhead
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.memory import FREED_MEMORY
 from zbatch.runtime.settings import INSECURE_HELP, check_endpoints, check_exposure, load, option
-
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def _check_device(value: str) -> str | None:
@@ -96,7 +98,8 @@ class WorkerConfig:
     tokenize_ahead: str = option("auto", "a second thread tokenizes waiting requests and prepares the next text "
                                  "batch while the model runs; auto: for models on an accelerator, whose runs "
                                  "leave the CPU free (on the CPU, torch already holds every core); false: the "
-                                 "inference thread does it before each batch", choices=("auto", "true", "false"))
+                                 "inference thread does it before each batch",
+                                 choices=tuple(mode.value for mode in TokenizeAhead))
     name: str = option("", "worker identity shown by the broker, and its routing id (default: host-pid; "
                        "with CURVE, the name of its key, which it must be)")
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
@@ -150,6 +153,23 @@ class WorkerConfig:
         if self.curve_secret_key_file:
             return key_name(self.curve_secret_key_file)
         return f"{socket.gethostname()}-{os.getpid()}"
+
+    @cached_property
+    def models(self) -> tuple[ServedModel, ...]:
+        """The models to serve, main first, typed and checked (ValueError: which setting is wrong, and why)."""
+        return served_models(self)
+
+    @property
+    def tokenize_ahead_mode(self) -> TokenizeAhead:
+        """``tokenize_ahead`` as the engine takes it."""
+        return TokenizeAhead(self.tokenize_ahead)
+
+    @property
+    def cores_ledger_file(self) -> str | None:
+        """The cores ledger's file (``auto``: this user's in /dev/shm); None: ``off``, a fixed thread count."""
+        if self.cores_ledger == "off":
+            return None
+        return default_ledger_path() if self.cores_ledger == "auto" else self.cores_ledger
 
     def effective_capacity(self, batch_size: int) -> int:
         """Items accepted in flight, once the main model's batch size on its device is known."""

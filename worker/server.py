@@ -73,7 +73,7 @@ class WorkerServer(daemon.Service):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.freed_memory = config.freed_memory
-        self.slots = model_slots(config)
+        self.slots = model_slots(config.models)
         fetch_models(self.slots)  # each model's local folder, before anything loads
         self.endpoints = split_endpoints(config.backend)
         self._core: WorkerCore | None = None  # once the models are loaded: their batch sizes set the capacity
@@ -104,7 +104,8 @@ class WorkerServer(daemon.Service):
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.torch_threads, loop, self._batch_done,
-                                       self.config.workers, self.config.cores_ledger, self.config.tokenize_ahead)
+                                       self.config.workers, self.config.cores_ledger_file,
+                                       self.config.tokenize_ahead_mode)
         await self._engine.start()
         for name, slot in self.slots.items():
             slot.loaded(self._engine.details.get(name, slot.details), self._engine.batch_sizes[name])

@@ -80,7 +80,7 @@ class EmbeddingRunner(TextRunner):
                                  for prefix in self.prompts.by_name.values() if prefix}
                                 if self.head.excludes_prompt else {})
         self._packer = packer_for(model, device)
-        use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
+        use_graphs = device.startswith("cuda") and spec.cuda_graphs and graphable(model)
         self._graphs = GraphedPooling(model, device, self.head) if use_graphs else None
         self.dimensions = self.head.dimensions
         self.details = replace(self.details, dimensions=self.dimensions)

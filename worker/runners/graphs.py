@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from worker.runners.pooling import SentenceHead
 
 log = logging.getLogger("zbatch.worker")
-GRAPH_SETTINGS = ("auto", "off")
 
 
 def graphable(model: Any) -> bool:

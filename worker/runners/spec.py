@@ -58,7 +58,7 @@ class ModelSpec:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
-    cuda_graphs: str = "auto"  # on CUDA: which bucket shapes run as CUDA graphs (worker.runners.graphs)
+    cuda_graphs: bool = True  # on CUDA: each bucket shape of a graphable model runs as a CUDA graph (runners.graphs)
     runtime: str = "torch"
     quantize: str = "none"
     onnx_cache: str = ""
