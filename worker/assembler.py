@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +39,6 @@ class PendingRequest:
     next_item: int = 0
     done_items: int = 0
     finished: bool = False
-    # Each input encoded by the engine's pool while the request waits (worker.stages); set by the I/O shell.
-    prepared: Future[list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

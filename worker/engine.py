@@ -32,7 +32,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +152,7 @@ class InferenceThread:
         self._in_engine += 1
         self._batches.put(_Job(work, planned))
 
-    def encode_ahead(self, model: str, inputs: list[Any], parameters: dict[str, Any],
+    def encode_ahead(self, model: str, inputs: Sequence[Any], parameters: dict[str, Any],
                      key: bytes) -> Future[list[Any]] | None:
         """I/O loop: the future of a waiting request's encodings, if its model is prepared ahead."""
         runner = self._staged.get(model)
