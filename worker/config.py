@@ -49,7 +49,7 @@ class WorkerConfig:
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
     dtype: str = option("auto", "weights dtype (auto: float32 on the CPU, float16 on CUDA, bfloat16 there for a "
                         "model saved in bfloat16); float16 needs CUDA; bfloat16 also suits CPUs with AVX512-BF16 or "
-                        "AMX, 2-3x faster there", choices=DTYPES)
+                        "AMX, where it runs faster than float32", choices=DTYPES)
     runtime: str = option("auto", "what runs text models (embeddings, rerank, text-classification): auto: ONNX "
                           "Runtime on the CPU where the model's export validates against torch, torch elsewhere "
                           "(GPUs, other tasks, dtypes other than float32); torch; onnx: ONNX Runtime or no start",
@@ -63,7 +63,7 @@ class WorkerConfig:
                              "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")
     max_batch_size: int = option(0, "most items in one batch (0: 32 on the CPU, 128 on CUDA)", minimum=0)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
-                              "graph captured before READY (auto; 1.9-9.6x the eager pass on an H200), or "
+                              "graph captured before READY, one launch a batch instead of one a kernel (auto), or "
                               "eagerly (off)", choices=GRAPH_SETTINGS)
     max_batch_delay_ms: float = option(
         5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)

@@ -79,7 +79,7 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-# GNU OpenMP's busy-wait after a parallel region, in spins (about 0.1 ms here; libgomp's own default is 300,000):
+# GNU OpenMP's busy-wait after a parallel region, in spins (libgomp's own default is 300,000):
 # long enough to span the gaps inside one forward pass, short enough that a worker done with its batch leaves
 # the cores to the next one.  Intel's OpenMP counts it in milliseconds (KMP_BLOCKTIME, 200 by default).
 OPENMP_IDLE_SPIN = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}

@@ -5,8 +5,8 @@ and what warm-up must pass, so bad parameters are refused with a message that
 names them instead of being dropped silently.
 
 Outputs carry each input's token count.  The pipeline tokenizes inside, out
-of reach, so the count takes one more tokenizer call per batch (about a
-millisecond for 32 texts): the input as the tokenizer encodes it alone, with
+of reach, so the count takes one more tokenizer call per batch (small beside
+the pipeline's own): the input as the tokenizer encodes it alone, with
 special tokens, truncated where the pipeline truncates (feature-extraction);
 zero-shot-classification's count is its text's, not the pairs it forms with
 each candidate label.
