@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zbatch.protocol import payloads
-from zbatch.protocol.vocabulary import RUN
+from zbatch.protocol.vocabulary import OUTPUTS, RUN, TOKENS
 from zbatch.protocol.wire import Reply, Status
 
 log = logging.getLogger("zbatch.worker")
@@ -190,7 +190,7 @@ class Assembler:
 
 def _reply_payload(request: PendingRequest) -> bytes:
     """``{"outputs": [...]}``, with ``"tokens"`` when the runner counted every input (PROTOCOL.md 5)."""
-    body: dict[str, Any] = {"outputs": request.outputs}
+    body: dict[str, Any] = {OUTPUTS: request.outputs}
     if all(count is not None for count in request.tokens):
-        body["tokens"] = request.tokens
+        body[TOKENS] = request.tokens
     return payloads.encode_payload(body)

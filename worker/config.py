@@ -14,6 +14,7 @@ from worker.requests import InputLimits
 from worker.runners.device import DTYPES
 from worker.runners.spec import QUANTIZE, RUNTIMES
 from worker.stages import TokenizeAhead
+from zbatch.protocol.vocabulary import EMBEDDINGS
 from zbatch.runtime.curve import check_client_settings, check_public_key_file, check_secret_key_file, key_name
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.memory import FREED_MEMORY
@@ -43,7 +44,7 @@ class WorkerConfig:
     trust_remote_code: bool = option(False, "run Python code the model brings with it (config.json auto_map), as "
                                      "transformers' trust_remote_code=True; off: such a model stops the worker at "
                                      "start, saying so")
-    task: str = option("embeddings", "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
+    task: str = option(EMBEDDINGS, "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
                        "'text-classification', 'image-classification', 'object-detection' or another transformers "
                        "pipeline task such as fill-mask")
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)

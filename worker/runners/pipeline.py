@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.runners.spec import (
-    EMBEDDINGS_TASK,
-    IMAGE_TASKS,
-    RERANK_TASK,
     InputError,
     ModelDetails,
     ModelSpec,
@@ -31,6 +28,7 @@ from worker.runners.spec import (
     quoted_names,
 )
 from worker.runners.text import dtype_name, model_max_length, tokenize_texts
+from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, RERANK, TEXT_CLASSIFICATION
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +42,7 @@ PIPELINE_TASKS = (
     "token-classification",
     "zero-shot-classification",
 )
-OWN_RUNNER_TASKS = (EMBEDDINGS_TASK, RERANK_TASK, "text-classification", *IMAGE_TASKS)
+OWN_RUNNER_TASKS = (EMBEDDINGS, RERANK, TEXT_CLASSIFICATION, *IMAGE_TASKS)
 LABELLED_TASKS = ("token-classification",)  # whose labels READY announces
 # The worker owns batching; letting callers set these would break the one-output-per-input contract.
 _RESERVED_PARAMETERS = frozenset({"batch_size", "num_workers"})
