@@ -21,7 +21,7 @@ PACKAGES = ("zbatch", *DAEMONS)
 # Sans-I/O: they take a clock and return decisions; the shells around them do the I/O.
 PURE_MODULES = ("broker.core", "broker.state", "zbatch.protocol.messages", "zbatch.protocol.wire",
                 "zbatch.protocol.payloads", "zbatch.protocol.vocabulary", "worker.batching", "worker.assembler",
-                "worker.threads", "zbatch.supervisor.policy")
+                "worker.threads", "worker.core", "zbatch.supervisor.policy")
 
 
 def imported_packages(path: Path) -> set[str]:

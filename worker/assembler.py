@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from zbatch.protocol import payloads
-from zbatch.protocol.vocabulary import RUN
+from zbatch.protocol.vocabulary import OUTPUTS, RUN, TOKENS
 from zbatch.protocol.wire import Reply, Status
 
 log = logging.getLogger("zbatch.worker")
@@ -40,8 +39,6 @@ class PendingRequest:
     next_item: int = 0
     done_items: int = 0
     finished: bool = False
-    # Each input encoded by the engine's pool while the request waits (worker.stages); set by the I/O shell.
-    prepared: Future[list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +190,7 @@ class Assembler:
 
 def _reply_payload(request: PendingRequest) -> bytes:
     """``{"outputs": [...]}``, with ``"tokens"`` when the runner counted every input (PROTOCOL.md 5)."""
-    body: dict[str, Any] = {"outputs": request.outputs}
+    body: dict[str, Any] = {OUTPUTS: request.outputs}
     if all(count is not None for count in request.tokens):
-        body["tokens"] = request.tokens
+        body[TOKENS] = request.tokens
     return payloads.encode_payload(body)

@@ -47,7 +47,7 @@ answers one question: run what is pending now, or wait a little for more?
    for good (one of 1 and one of 7 for eight clients).  The return deadline is
    set when the batch ends, so it too is one deadline that arrivals never move.
 
-``python -m scripts.benchmarks.delay`` measures these rules on a simulated
+``python -m scripts.benchmarks.studies.delay`` measures these rules on a simulated
 accelerator behind the real broker and worker; BENCHMARKS.md keeps the figures.
 """
 

@@ -6,16 +6,19 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
+from worker.cores import default_path as default_ledger_path
+from worker.model_settings import GRAPH_SETTINGS, ServedModel, served_models
 from worker.requests import InputLimits
-from worker.runners.graphs import GRAPH_SETTINGS
+from worker.runners.device import DTYPES
 from worker.runners.spec import QUANTIZE, RUNTIMES
+from worker.stages import TokenizeAhead
+from zbatch.protocol.vocabulary import EMBEDDINGS
 from zbatch.runtime import common_options
 from zbatch.runtime.curve import check_client_settings, key_name
 from zbatch.runtime.memory import FREED_MEMORY
 from zbatch.runtime.settings import check_endpoints, check_exposure, load, option
-
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def _check_device(value: str) -> str | None:
@@ -41,13 +44,13 @@ class WorkerConfig:
     trust_remote_code: bool = option(False, "run Python code the model brings with it (config.json auto_map), as "
                                      "transformers' trust_remote_code=True; off: such a model stops the worker at "
                                      "start, saying so")
-    task: str = option("embeddings", "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
+    task: str = option(EMBEDDINGS, "'embeddings', 'sparse-embeddings' (a SPLADE masked-LM model), 'rerank', "
                        "'text-classification', 'image-classification', 'object-detection' or another transformers "
                        "pipeline task such as fill-mask")
     device: str = option("auto", "auto (CUDA when available), cpu, cuda or cuda:N", check=_check_device)
     dtype: str = option("auto", "weights dtype (auto: float32 on the CPU, float16 on CUDA, bfloat16 there for a "
                         "model saved in bfloat16); float16 needs CUDA; bfloat16 also suits CPUs with AVX512-BF16 or "
-                        "AMX, 2-3x faster there", choices=DTYPES)
+                        "AMX, where it runs faster than float32", choices=DTYPES)
     runtime: str = option("auto", "what runs text models (embeddings, rerank, text-classification): auto: ONNX "
                           "Runtime on the CPU where the model's export validates against torch, torch elsewhere "
                           "(GPUs, other tasks, dtypes other than float32); torch; onnx: ONNX Runtime or no start",
@@ -61,7 +64,7 @@ class WorkerConfig:
                              "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")
     max_batch_size: int = option(0, "most items in one batch (0: 32 on the CPU, 128 on CUDA)", minimum=0)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
-                              "graph captured before READY (auto; 1.9-9.6x the eager pass on an H200), or "
+                              "graph captured before READY, one launch a batch instead of one a kernel (auto), or "
                               "eagerly (off)", choices=GRAPH_SETTINGS)
     max_batch_delay_ms: float = option(
         5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)
@@ -96,7 +99,8 @@ class WorkerConfig:
     tokenize_ahead: str = option("auto", "a second thread tokenizes waiting requests and prepares the next text "
                                  "batch while the model runs; auto: for models on an accelerator, whose runs "
                                  "leave the CPU free (on the CPU, torch already holds every core); false: the "
-                                 "inference thread does it before each batch", choices=("auto", "true", "false"))
+                                 "inference thread does it before each batch",
+                                 choices=tuple(mode.value for mode in TokenizeAhead))
     name: str = option("", "worker identity shown by the broker, and its routing id (default: host-pid; "
                        "with CURVE, the name of its key, which it must be)")
     heartbeat_ms: int = option(1_000, "heartbeat interval; must match the broker's", minimum=10)
@@ -144,6 +148,23 @@ class WorkerConfig:
         if self.curve_secret_key_file:
             return key_name(self.curve_secret_key_file)
         return f"{socket.gethostname()}-{os.getpid()}"
+
+    @cached_property
+    def models(self) -> tuple[ServedModel, ...]:
+        """The models to serve, main first, typed and checked (ValueError: which setting is wrong, and why)."""
+        return served_models(self)
+
+    @property
+    def tokenize_ahead_mode(self) -> TokenizeAhead:
+        """``tokenize_ahead`` as the engine takes it."""
+        return TokenizeAhead(self.tokenize_ahead)
+
+    @property
+    def cores_ledger_file(self) -> str | None:
+        """The cores ledger's file (``auto``: this user's in /dev/shm); None: ``off``, a fixed thread count."""
+        if self.cores_ledger == "off":
+            return None
+        return default_ledger_path() if self.cores_ledger == "auto" else self.cores_ledger
 
     def effective_capacity(self, batch_size: int) -> int:
         """Items accepted in flight, once the main model's batch size on its device is known."""

@@ -118,10 +118,17 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
-    """``request`` waits for its batch: tokenize it meanwhile (rule 4)."""
+    """Request ``job_id`` of ``model`` waits for its batch: tokenize its inputs meanwhile (rule 4).
+
+    The shell keeps what it prepares by ``job_id`` while the core holds the request (:meth:`WorkerCore.holds`),
+    and hands it to the engine with the request's items (``Submit``); the core never sees it.
+    """
 
     model: str
-    request: PendingRequest
+    job_id: bytes
+    inputs: tuple[Any, ...]
+    parameters: dict[str, Any]
+    parameters_key: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +195,10 @@ class WorkerCore:
     def held(self) -> int:
         """Requests held and not answered yet, of every model."""
         return sum(len(slot.assembler) for slot in self.slots.values())
+
+    def holds(self, job_id: bytes) -> bool:
+        """Whether request ``job_id`` (its local id) is held and not answered yet."""
+        return any(slot.assembler.holds(job_id) for slot in self.slots.values())
 
     @property
     def running_since(self) -> float | None:
@@ -300,7 +311,7 @@ class WorkerCore:
         try:
             if slot is None:
                 raise BadPayload(f"this worker does not serve model {request.model!r}")
-            if any(s.assembler.holds(request.request_id) for s in self.slots.values()):
+            if self.holds(request.request_id):
                 raise BadPayload("this worker already holds a job with that id")
             decoded = decode_request(request.payload, request.items, self.settings.limits)
             check_request(slot.spec.task, decoded.operation, decoded.inputs)
@@ -321,7 +332,8 @@ class WorkerCore:
         self._schedule(actions)
         waits = pending.next_item < len(pending.inputs)
         if waits and pending.operation == RUN and slot.spec.name in self.prepare_ahead:
-            actions.append(Prepare(slot.spec.name, pending))
+            actions.append(Prepare(slot.spec.name, pending.job_id, tuple(pending.inputs), pending.parameters,
+                                   pending.parameters_key))
 
     def _schedule(self, actions: list[Action]) -> None:
         """Rules 2 and 3: start the batch that is due, queue a full one behind a running one, or set a timer."""

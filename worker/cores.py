@@ -79,7 +79,7 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-# GNU OpenMP's busy-wait after a parallel region, in spins (about 0.1 ms here; libgomp's own default is 300,000):
+# GNU OpenMP's busy-wait after a parallel region, in spins (libgomp's own default is 300,000):
 # long enough to span the gaps inside one forward pass, short enough that a worker done with its batch leaves
 # the cores to the next one.  Intel's OpenMP counts it in milliseconds (KMP_BLOCKTIME, 200 by default).
 OPENMP_IDLE_SPIN = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}
@@ -323,14 +323,13 @@ def _live_slots(path: str) -> list[tuple[int, int, float]]:
         os.close(fd)  # drops any lock taken above on a dead worker's slot
 
 
-def open_ledger(setting: str, cores: int | None = None) -> CoreLedger | None:
-    """The ledger a ``--cores-ledger`` setting names ("auto": this user's in /dev/shm; "off": none); None if
-    it cannot be opened, which is logged (the worker then keeps a fixed thread count)."""
-    if setting == "off":
+def open_ledger(path: str | None, cores: int | None = None) -> CoreLedger | None:
+    """The ledger in file ``path`` (None: no ledger); None if it cannot be opened, which is logged (the worker
+    then keeps a fixed thread count)."""
+    if path is None:
         return None
-    path = default_path() if setting == "auto" else setting
     try:
-        if setting == "auto" and not Path(path).parent.is_dir():
+        if not Path(path).parent.is_dir():
             raise FileNotFoundError(f"{Path(path).parent} does not exist")
         return CoreLedger(path, cores or host_cores())
     except OSError as exc:

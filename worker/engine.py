@@ -32,7 +32,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +42,7 @@ from worker.cores import CoreLedger, host_cores, open_ledger, openmp_idle_spin
 from worker.runners import InputError, ModelDetails, ModelSpec, Runner, details_of, load_runner, operation_of, phases
 from worker.runners.base import Operation, StagedRunner, staged
 from worker.runners.device import resolve_device
-from worker.stages import BatchWork, PrepPool, Settled, settle
+from worker.stages import BatchWork, PrepPool, Settled, TokenizeAhead, settle
 from worker.threads import ThreadGovernor
 from zbatch.protocol.vocabulary import RUN
 from zbatch.protocol.wire import Status
@@ -100,23 +100,22 @@ class InferenceThread:
     """Loads every model in ``specs`` and runs batches in order, one at a time.
 
     ``torch_threads``: the most a batch may use (0: every core the ledger has, or without a ledger the
-    host's cores over ``workers``); ``cores_ledger``: the ``--cores-ledger`` setting; ``tokenize_ahead``:
-    for which models the preparation pool tokenizes and plans text batches in the model's shadow
-    (:mod:`worker.stages`): ``true`` all, ``auto`` those off the CPU (on the CPU the model's run leaves no
-    core idle), ``false`` none; ``prep_threads``: the pool's threads (0: the host's cores over ``workers``, at
-    most :data:`MAX_PREP_THREADS`).
+    host's cores over ``workers``); ``cores_ledger``: the ledger's file (None: a fixed thread count);
+    ``tokenize_ahead``: for which models the preparation pool tokenizes and plans text batches in the
+    model's shadow (:class:`~worker.stages.TokenizeAhead`); ``prep_threads``: the pool's threads (0: the
+    host's cores over ``workers``, at most :data:`MAX_PREP_THREADS`).
     """
 
     def __init__(self, specs: list[ModelSpec], torch_threads: int, loop: asyncio.AbstractEventLoop,
-                 done: Done, workers: int = 1, cores_ledger: str = "off", tokenize_ahead: str = "auto",
-                 prep_threads: int = 0) -> None:
+                 done: Done, workers: int = 1, cores_ledger: str | None = None,
+                 tokenize_ahead: TokenizeAhead = TokenizeAhead.ON_ACCELERATORS, prep_threads: int = 0) -> None:
         self.specs = specs
         self._tokenize_ahead = tokenize_ahead
         self.torch_threads = torch_threads or max(1, host_cores() // workers)  # until the ledger is open
         self._threads_cap = torch_threads
-        self._ledger_setting = cores_ledger
-        if cores_ledger != "off":
-            # Between batches, OpenMP's threads spin on their cores (3 ms by default): a worker that just ran
+        self._ledger_file = cores_ledger
+        if cores_ledger is not None:
+            # Between batches, OpenMP's threads spin on their cores (libgomp's default spin): a worker that just ran
             # a batch would burn the cores the ledger hands to the next busy worker; threads that never spin
             # sleep and wake hundreds of times per forward pass.  Read once, when torch loads its OpenMP
             # runtime: set before the first ``import torch``.
@@ -153,7 +152,7 @@ class InferenceThread:
         self._in_engine += 1
         self._batches.put(_Job(work, planned))
 
-    def encode_ahead(self, model: str, inputs: list[Any], parameters: dict[str, Any],
+    def encode_ahead(self, model: str, inputs: Sequence[Any], parameters: dict[str, Any],
                      key: bytes) -> Future[list[Any]] | None:
         """I/O loop: the future of a waiting request's encodings, if its model is prepared ahead."""
         runner = self._staged.get(model)
@@ -186,8 +185,7 @@ class InferenceThread:
             self._loop.call_soon_threadsafe(self._set_loaded, exc)
             return
         for name, runner in runners.items():
-            ahead = self._tokenize_ahead == "true" or (self._tokenize_ahead == "auto" and runner.device != "cpu")
-            if ahead and (stages := staged(runner)) is not None:
+            if self._tokenize_ahead.applies(runner.device) and (stages := staged(runner)) is not None:
                 self._staged[name] = stages
         self.prepared_ahead = frozenset(self._staged)
         if self._staged:
@@ -214,7 +212,7 @@ class InferenceThread:
         batch may use (``--torch-threads`` caps it)."""
         if not any(resolve_device(spec.device) == "cpu" for spec in self.specs):
             return
-        self.ledger = open_ledger(self._ledger_setting)
+        self.ledger = open_ledger(self._ledger_file)
         if self.ledger is not None:
             self.torch_threads = min(self._threads_cap or self.ledger.cores, self.ledger.cores)
             self._governed_threads = self.torch_threads

@@ -41,7 +41,7 @@ from typing import Any, Final
 import msgpack
 
 from zbatch.protocol.payloads import decode_extension
-from zbatch.protocol.vocabulary import OPERATIONS, RUN
+from zbatch.protocol.vocabulary import INPUTS, OPERATION, OPERATIONS, PARAMETERS, RUN
 
 MAX_PARAMETER_BYTES: Final = 64 * 1024
 MAX_PARTS: Final = 8  # entries of one structured input
@@ -114,39 +114,39 @@ class _Reader:
 
     def request(self, items: int) -> tuple[list[Any], dict[str, Any], str]:
         if self._kind() != "map":
-            raise BadPayload("the payload must be a map with a list of 'inputs'")
+            raise BadPayload(f"the payload must be a map with a list of {INPUTS!r}")
         inputs: list[Any] | None = None
         parameters: dict[str, Any] = {}
         operation = RUN
         for _ in range(self.unpacker.read_map_header()):
             key = self._small_value("a payload key", 256)
-            if key == "inputs":
+            if key == INPUTS:
                 inputs = self._inputs(items)
-            elif key == "parameters":
+            elif key == PARAMETERS:
                 parameters = self._parameters()
-            elif key == "operation":
+            elif key == OPERATION:
                 operation = self._operation()
             else:
-                raise BadPayload(f"unknown payload field {str(key)[:40]!r}; a payload holds 'inputs', "
-                                 "'parameters' and 'operation'")
+                raise BadPayload(f"unknown payload field {str(key)[:40]!r}; a payload holds {INPUTS!r}, "
+                                 f"{PARAMETERS!r} and {OPERATION!r}")
         if inputs is None:
-            raise BadPayload("the payload must be a map with a list of 'inputs'")
+            raise BadPayload(f"the payload must be a map with a list of {INPUTS!r}")
         if self.unpacker.tell() != len(self.payload):
             raise BadPayload("the payload has bytes after its map")
         return inputs, parameters, operation
 
     def _operation(self) -> str:
         kind = self._kind()
-        operation = self._small_value("'operation'", MAX_OPERATION_BYTES) if kind in ("str", "nil") else None
+        operation = self._small_value(repr(OPERATION), MAX_OPERATION_BYTES) if kind in ("str", "nil") else None
         if operation is None and kind == "nil":
             return RUN
         if operation not in OPERATIONS:
-            raise BadPayload(f"'operation' must be one of {', '.join(map(repr, OPERATIONS))}")
+            raise BadPayload(f"{OPERATION!r} must be one of {', '.join(map(repr, OPERATIONS))}")
         return str(operation)
 
     def _inputs(self, items: int) -> list[Any]:
         if self._kind() != "array":
-            raise BadPayload("'inputs' must be a list: the payload is a map with a list of 'inputs'")
+            raise BadPayload(f"{INPUTS!r} must be a list: the payload is a map with a list of {INPUTS!r}")
         count = self.unpacker.read_array_header()
         if count > self.limits.max_inputs:
             raise BadPayload(f"{count} inputs; the limit is {self.limits.max_inputs} per request "
@@ -195,8 +195,8 @@ class _Reader:
             self.unpacker.skip()
             return {}
         if kind != "map":
-            raise BadPayload("'parameters' must be a map")
-        parameters = self._small_value("'parameters'", MAX_PARAMETER_BYTES)
+            raise BadPayload(f"{PARAMETERS!r} must be a map")
+        parameters = self._small_value(repr(PARAMETERS), MAX_PARAMETER_BYTES)
         if not all(isinstance(key, str) for key in parameters):
             raise BadPayload("parameter names must be strings")
         return dict(parameters)

@@ -30,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from worker.assembler import BatchItem
 from worker.config import WorkerConfig
 from worker.core import (
     Action,
@@ -73,7 +76,7 @@ class WorkerServer(daemon.Service):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.freed_memory = config.freed_memory
-        self.slots = model_slots(config)
+        self.slots = model_slots(config.models)
         fetch_models(self.slots)  # each model's local folder, before anything loads
         self.endpoints = split_endpoints(config.backend)
         self._core: WorkerCore | None = None  # once the models are loaded: their batch sizes set the capacity
@@ -82,6 +85,8 @@ class WorkerServer(daemon.Service):
         self._links: list[BrokerLink] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        # Each waiting request's encodings, worked out on the engine's pool (a core's Prepare), by its job id.
+        self._prepared: dict[bytes, Future[list[Any]]] = {}
         self._registered = asyncio.Event()
         self._drain_acknowledged = asyncio.Event()
         self._drained = asyncio.Event()
@@ -104,7 +109,8 @@ class WorkerServer(daemon.Service):
         loop = asyncio.get_running_loop()
         specs = [slot.spec for slot in self.slots.values()]
         self._engine = InferenceThread(specs, self.config.torch_threads, loop, self._batch_done,
-                                       self.config.workers, self.config.cores_ledger, self.config.tokenize_ahead)
+                                       self.config.workers, self.config.cores_ledger_file,
+                                       self.config.tokenize_ahead_mode)
         await self._engine.start()
         for name, slot in self.slots.items():
             slot.loaded(self._engine.details.get(name, slot.details), self._engine.batch_sizes[name])
@@ -179,14 +185,14 @@ class WorkerServer(daemon.Service):
                 self._links[action.link].send(action.frames)
             elif isinstance(action, Submit):
                 batch = action.batch
-                prepared = tuple(None if item.request.prepared is None else Prepared(item.request.prepared, item.index)
-                                 for item in batch.items)
+                prepared = tuple(self._prepared_item(item) for item in batch.items)
                 self._engine.submit(BatchWork(action.ticket, action.model, batch.operation, batch.parameters,
                                               tuple(batch.inputs), prepared))
             elif isinstance(action, Prepare):
-                request = action.request
-                request.prepared = self._engine.encode_ahead(action.model, request.inputs, request.parameters,
-                                                             request.parameters_key)
+                encodings = self._engine.encode_ahead(action.model, action.inputs, action.parameters,
+                                                      action.parameters_key)
+                if encodings is not None:
+                    self._prepared[action.job_id] = encodings
             elif isinstance(action, WakeAt):
                 self._set_timer(action.when)
             elif isinstance(action, Stuck):
@@ -195,6 +201,19 @@ class WorkerServer(daemon.Service):
                 self._drain_acknowledged.set()
             elif isinstance(action, Drained):
                 self._drained.set()
+        if self._prepared:
+            for job_id in [job_id for job_id in self._prepared if not self.core.holds(job_id)]:
+                del self._prepared[job_id]  # answered before its last item reached the engine
+
+    def _prepared_item(self, item: BatchItem) -> Prepared | None:
+        """Where ``item``'s encoding comes from, if its request was prepared ahead (kept until its last item)."""
+        request = item.request
+        encodings = self._prepared.get(request.job_id)
+        if encodings is None:
+            return None
+        if item.index == len(request.inputs) - 1:
+            del self._prepared[request.job_id]
+        return Prepared(encodings, item.index)
 
     def _set_timer(self, when: float | None) -> None:
         if self._timer is not None:

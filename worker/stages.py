@@ -35,6 +35,7 @@ it to the device and launches the model:
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
@@ -47,6 +48,18 @@ from worker.runners.base import StagedRunner
 
 log = logging.getLogger("zbatch.worker")
 MAX_COALESCED = 256  # most inputs one tokenizer call takes for several waiting requests
+
+
+class TokenizeAhead(enum.Enum):
+    """For which models the pool encodes and plans batches in the model's shadow (``--tokenize-ahead``)."""
+
+    ALWAYS = "true"
+    ON_ACCELERATORS = "auto"  # on the CPU the model's run leaves no core idle for the pool
+    NEVER = "false"
+
+    def applies(self, device: str) -> bool:
+        """Whether a model on ``device`` has its batches prepared ahead."""
+        return self is TokenizeAhead.ALWAYS or (self is TokenizeAhead.ON_ACCELERATORS and device != "cpu")
 
 
 @dataclass(frozen=True, slots=True)

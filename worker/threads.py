@@ -6,7 +6,7 @@ Torch splits each operator across its threads and waits for the slowest one.
 When other processes take a core (the gateway and broker answering a retry
 storm, a load generator, a neighbour), one of those threads is descheduled and
 the whole pass waits for it, so a contended batch can run slower on all the
-cores than on one (``python -m scripts.benchmarks.contention`` measures it).
+cores than on one (``python -m scripts.benchmarks.studies.contention`` measures it).
 
 So the worker runs with its full thread count while the machine is quiet and
 with one thread while it is contended:

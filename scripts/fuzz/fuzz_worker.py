@@ -22,9 +22,10 @@ with atheris.instrument_imports(include=["worker.requests", "worker.runners.spec
     import msgpack
 
     from worker.requests import BadPayload, InputLimits, decode_request
-    from worker.runners.spec import IMAGE_TASKS, RERANK_TASK, InputError, check_request
+    from worker.runners.spec import InputError, check_request
+    from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, RERANK, TEXT_CLASSIFICATION
 
-TASKS = ("embeddings", RERANK_TASK, "text-classification", *IMAGE_TASKS, "fill-mask", "python:custom:Runner")
+TASKS = (EMBEDDINGS, RERANK, TEXT_CLASSIFICATION, *IMAGE_TASKS, "fill-mask", "python:custom:Runner")
 SEEDS: dict[str, dict[str, Any]] = {
     "texts": {"inputs": ["hello", "world"], "parameters": {"normalize": True}},
     "embeddings-options": {"inputs": ["a"], "parameters": {"dimensions": 8, "truncate": False,

@@ -134,9 +134,12 @@ def test_a_request_that_waits_is_prepared_ahead_for_models_the_engine_prepares()
     core = make_core(FakeClock(), slot("m"), slot("n"), prepare_ahead=frozenset({"m"}))
     assert of(Prepare, core.message(0, request("a", ["x"]))) == []  # ran at once: nothing to prepare
     (prepare,) = of(Prepare, core.message(0, request("b", ["y", "z"])))
-    assert prepare.model == "m" and prepare.request.job_id == b"b"
+    assert (prepare.model, prepare.job_id, prepare.inputs) == ("m", b"b", ("y", "z"))
     assert of(Prepare, core.message(0, request("c", ["y"], model="n"))) == []  # not prepared ahead
     assert of(Prepare, core.message(0, request("d", ["y"], operation="tokenize"))) == []  # the tokenizer alone
+    assert core.holds(b"b") and not core.holds(b"e")  # the shell keeps what it prepared while the core holds it
+    core.message(0, Cancel(b"b"))
+    assert not core.holds(b"b")
 
 
 def test_a_batch_that_waits_for_more_sets_a_timer_and_runs_when_it_fires() -> None:

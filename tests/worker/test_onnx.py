@@ -21,7 +21,6 @@ from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, calibrations, default_
 from worker.runners.onnx_export import META, cache_key, exported
 from worker.runners.onnx_session import session_threads, thread_counts
 from worker.runners.runtime import INT8_MIN_COSINE, MIN_COSINE, agreement_with
-from worker.slots import model_slots
 from zbatch.testing import ROOT
 
 TEXTS = ["hello world", "the cat and the dog run on a day of blue sky", "a",
@@ -236,8 +235,8 @@ def test_runtime_settings_reach_every_model(models: Path) -> None:
     config = load_config(["--runtime", "onnx", "--quantize", "int8", "--onnx-cache", "/tmp/graphs",
                           "--extra-models", f"name=b,path={models},runtime=torch,quantize=none;name=c,path={models}"],
                          {})
-    slots = model_slots(config)
-    main, b, c = (slots[name].spec for name in (DEFAULT_MODEL_NAME, "b", "c"))
+    main, b, c = (model.spec for model in config.models)
+    assert [spec.name for spec in (main, b, c)] == [DEFAULT_MODEL_NAME, "b", "c"]
     assert (main.runtime, main.quantize, main.onnx_cache) == ("onnx", "int8", "/tmp/graphs")
     assert (b.runtime, b.quantize) == ("torch", "none")
     assert (c.runtime, c.quantize, c.onnx_cache) == ("onnx", "int8", "/tmp/graphs")  # the main model's
@@ -246,9 +245,9 @@ def test_runtime_settings_reach_every_model(models: Path) -> None:
     with pytest.raises(SystemExit):
         load_config(["--runtime", "tensorrt"], {})
     with pytest.raises(ValueError, match="quantize int8 is ONNX Runtime's"):
-        model_slots(load_config(["--runtime", "torch", "--quantize", "int8"], {}))
+        load_config(["--runtime", "torch", "--quantize", "int8"], {}).models  # noqa: B018
     with pytest.raises(ValueError, match="unknown runtime 'jax'"):
-        model_slots(load_config(["--extra-models", f"name=d,path={models},runtime=jax"], {}))
+        load_config(["--extra-models", f"name=d,path={models},runtime=jax"], {}).models  # noqa: B018
 
 
 def test_exported_graph_takes_any_batch_and_length(models: Path, tmp_path: Path) -> None:

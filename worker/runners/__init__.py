@@ -18,7 +18,6 @@ from worker.runners.base import Runner, details_of, load_runner, operation_of, r
 from worker.runners.spec import (
     CUSTOM_TASK_PREFIX,
     DEFAULT_MODEL_NAME,
-    EMBEDDINGS_TASK,
     InputError,
     ModelDetails,
     ModelSpec,
@@ -29,7 +28,7 @@ from worker.runners.spec import (
 )
 
 __all__ = [
-    "CUSTOM_TASK_PREFIX", "DEFAULT_MODEL_NAME", "EMBEDDINGS_TASK", "InputError", "ModelDetails", "ModelSpec",
+    "CUSTOM_TASK_PREFIX", "DEFAULT_MODEL_NAME", "InputError", "ModelDetails", "ModelSpec",
     "Outputs", "Runner", "check_inputs", "check_request", "default_model_path", "details_of", "load_runner",
     "operation_of", "runner_class",
 ]

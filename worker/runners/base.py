@@ -17,18 +17,18 @@ from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.images import ImageRunner
 from worker.runners.pipeline import PipelineRunner
 from worker.runners.sparse import SparseEmbeddingRunner
-from worker.runners.spec import (
-    CLASSIFICATION_TASKS,
+from worker.runners.spec import InputError, ModelDetails, ModelSpec
+from zbatch.protocol.vocabulary import (
+    CLASSIFICATION,
     CUSTOM_TASK_PREFIX,
-    EMBEDDINGS_TASK,
+    DECODE,
+    EMBEDDINGS,
     IMAGE_TASKS,
-    RERANK_TASK,
-    SPARSE_EMBEDDINGS_TASK,
-    InputError,
-    ModelDetails,
-    ModelSpec,
+    RERANK,
+    RUN,
+    SPARSE_EMBEDDINGS,
+    TOKENIZE,
 )
-from zbatch.protocol.vocabulary import DECODE, RUN, TOKENIZE
 
 Operation = Callable[[list[Any], dict[str, Any]], list[Any]]
 
@@ -124,11 +124,11 @@ def runner_class(task: str) -> Any:
     A custom class is built as ``Class(spec, device, dtype)`` and follows
     :class:`Runner` like the built-in ones (the tests use this to inject faults).
     """
-    if task == EMBEDDINGS_TASK:
+    if task == EMBEDDINGS:
         return EmbeddingRunner
-    if task == SPARSE_EMBEDDINGS_TASK:
+    if task == SPARSE_EMBEDDINGS:
         return SparseEmbeddingRunner
-    if task == RERANK_TASK or task in CLASSIFICATION_TASKS:
+    if task == RERANK or task in CLASSIFICATION:
         return SequenceClassifier
     if task in IMAGE_TASKS:
         return ImageRunner

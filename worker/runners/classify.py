@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from worker.runners.spec import RERANK_TASK, InputError, InputKind, ModelSpec, announced_labels
+from worker.runners.spec import InputError, InputKind, ModelSpec, announced_labels
 from worker.runners.text import TextRunner, flag, load_model, load_tokenizer, model_max_length
+from zbatch.protocol.vocabulary import RAW_SCORES, RERANK, TOP_K
 
 if TYPE_CHECKING:
     import torch
@@ -37,9 +38,9 @@ class ScoreOptions:
 
 def top_k_of(parameters: dict[str, Any], default: int | None) -> int | None:
     """``top_k``: a whole number of at least 1, or nil for every label."""
-    top_k = parameters.get("top_k", default)
+    top_k = parameters.get(TOP_K, default)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise InputError(f"parameter 'top_k' must be a whole number of at least 1, or null for every label, "
+        raise InputError(f"parameter {TOP_K!r} must be a whole number of at least 1, or null for every label, "
                          f"not {top_k!r}")
     return top_k
 
@@ -68,7 +69,7 @@ class SequenceClassifier(TextRunner):
         """``model``: one that stands in for the transformers model (ONNX Runtime's), which then never loads."""
         tokenizer = load_tokenizer(spec)
         model = model if model is not None else load_model("AutoModelForSequenceClassification", spec, device, dtype)
-        self.rerank = spec.task == RERANK_TASK
+        self.rerank = spec.task == RERANK
         if self.rerank and model.config.num_labels != 1:
             raise ValueError(f"model {spec.name!r}: rerank needs a cross-encoder with one output (num_labels 1); "
                              f"this one has {model.config.num_labels} labels: serve it as text-classification")
@@ -77,14 +78,14 @@ class SequenceClassifier(TextRunner):
             model.config.pad_token_id = tokenizer.pad_token_id
         super().__init__(spec, device, tokenizer, model, model_max_length(tokenizer, model.config))
         if self.rerank:
-            self.kind, self.parameters = InputKind.PAIR, frozenset({"raw_scores"})
+            self.kind, self.parameters = InputKind.PAIR, frozenset({RAW_SCORES})
             self.warm_up_input = ["warm-up", "warm-up"]
         else:
-            self.kind, self.parameters = InputKind.TEXT_OR_PAIR, frozenset({"raw_scores", "top_k"})
+            self.kind, self.parameters = InputKind.TEXT_OR_PAIR, frozenset({RAW_SCORES, TOP_K})
             self.details = replace(self.details, labels=announced_labels(model.config.id2label))
 
     def _options(self, parameters: dict[str, Any]) -> ScoreOptions:
-        return ScoreOptions(flag(parameters, "raw_scores", False), None if self.rerank else top_k_of(parameters, None))
+        return ScoreOptions(flag(parameters, RAW_SCORES, False), None if self.rerank else top_k_of(parameters, None))
 
     def _forward(self, encoded: Any, options: ScoreOptions) -> list[Any]:
         import torch

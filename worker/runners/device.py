@@ -45,11 +45,12 @@ def torch_dtype(requested: str, device: str, model_path: str = "") -> torch.dtyp
     saved in bfloat16: such models can overflow float16's range); float16 is CUDA-only, bfloat16 runs anywhere.
 
     On CUDA, half precision runs several times faster than float32 and its
-    vectors match float32's to a cosine of 0.99999 (BENCHMARKS.md, the gpu
-    case).  On the CPU bfloat16 is opt-in because it changes the outputs
-    slightly: on a CPU with AVX512-BF16 or AMX it is several times faster
-    than float32; without them torch emulates it, so loading warns.  float16
-    on a CPU is emulated and slower than float32, so it is refused there.
+    vectors match float32's closely (BENCHMARKS.md, GPU: vectors).  On the
+    CPU bfloat16 is opt-in because it changes the outputs slightly: on a CPU
+    with AVX512-BF16 or AMX it runs faster than float32 (BENCHMARKS.md,
+    bfloat16 on the CPU); without them torch emulates it, so loading warns.
+    float16 on a CPU is emulated and slower than float32, so it is refused
+    there.
     """
     import torch
 

@@ -46,7 +46,7 @@ from worker.runners.text import (
     load_tokenizer,
     model_max_length,
 )
-from zbatch.protocol.vocabulary import EMBED_ALL, PROMPT_NAME
+from zbatch.protocol.vocabulary import DIMENSIONS, EMBED_ALL, NORMALIZE, PROMPT_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +64,7 @@ class EmbeddingOptions:
 class EmbeddingRunner(TextRunner):
     """The model's pooling, Dense layers and normalization (:class:`~worker.runners.pooling.SentenceHead`)."""
 
-    parameters = frozenset({"normalize", "dimensions"})
+    parameters = frozenset({NORMALIZE, DIMENSIONS})
     takes_prompts = True
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype, model: Any = None) -> None:
@@ -80,7 +80,7 @@ class EmbeddingRunner(TextRunner):
                                  for prefix in self.prompts.by_name.values() if prefix}
                                 if self.head.excludes_prompt else {})
         self._packer = packer_for(model, device)
-        use_graphs = device.startswith("cuda") and spec.cuda_graphs != "off" and graphable(model)
+        use_graphs = device.startswith("cuda") and spec.cuda_graphs and graphable(model)
         self._graphs = GraphedPooling(model, device, self.head) if use_graphs else None
         self.dimensions = self.head.dimensions
         self.details = replace(self.details, dimensions=self.dimensions)
@@ -122,13 +122,13 @@ class EmbeddingRunner(TextRunner):
         return unpooled(planned, forward)
 
     def _options(self, parameters: dict[str, Any]) -> EmbeddingOptions:
-        dimensions = parameters.get("dimensions")
+        dimensions = parameters.get(DIMENSIONS)
         if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                        or not 1 <= dimensions <= self.dimensions):
-            raise InputError(f"parameter 'dimensions' must be a whole number from 1 to {self.dimensions} (this "
+            raise InputError(f"parameter {DIMENSIONS!r} must be a whole number from 1 to {self.dimensions} (this "
                              f"model's size), not {dimensions!r}")
         prompt_length = self._prompt_lengths.get(self.prompts.prefix(parameters), 0) if self._prompt_lengths else 0
-        return EmbeddingOptions(flag(parameters, "normalize", self.head.modules.normalized), dimensions,
+        return EmbeddingOptions(flag(parameters, NORMALIZE, self.head.modules.normalized), dimensions,
                                 prompt_length)
 
     def _forward(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:

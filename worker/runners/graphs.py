@@ -12,10 +12,9 @@ and its memory, so:
 1. Each bucket shape (:mod:`worker.runners.shapes`) gets its own graph,
    captured at warm-up, before READY, largest first, all sharing one memory
    pool (a smaller graph reuses the larger ones' blocks: they never run at
-   once).  ``--cuda-graphs auto`` captures every shape: on an H200 the
-   graphed float16 pass of all-MiniLM-L6-v2 ran 9.6× the eager one for one
-   text, 6× for 32 and 1.9× for 512 (BENCHMARKS.md, the gpu case); ``off``
-   captures none.
+   once).  ``--cuda-graphs auto`` captures every shape: the graphed pass
+   gains most on small batches, whose time is mostly launches, and least on
+   the largest (BENCHMARKS.md, GPU: CUDA graphs); ``off`` captures none.
 2. The graphed pass is written here with the model's own layers and weights
    (:func:`bert_pooled`), not through transformers' forward, which builds its
    attention mask with checks that read the GPU back to the CPU: a capture
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     from worker.runners.pooling import SentenceHead
 
 log = logging.getLogger("zbatch.worker")
-GRAPH_SETTINGS = ("auto", "off")
 
 
 def graphable(model: Any) -> bool:

@@ -45,6 +45,7 @@ from worker.runners.spec import (
     check_inputs,
 )
 from worker.runners.text import check_parameters, dtype_name
+from zbatch.protocol.vocabulary import OBJECT_DETECTION, THRESHOLD, TOP_K
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +55,6 @@ FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 MAX_PIXELS = 4096 * 4096  # per image, as its header states it; decoded it takes 3 bytes a pixel
 DEFAULT_TOP_K = 5
 DEFAULT_THRESHOLD = 0.5
-CLASSIFICATION, DETECTION = "image-classification", "object-detection"
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> Image.Image | InputError:
@@ -92,7 +92,7 @@ class ImageRunner:
         self.spec = spec
         self.device = device
         self.modelled_seconds = 0.0  # no cost model for images
-        self.detection = spec.task == DETECTION
+        self.detection = spec.task == OBJECT_DETECTION
         model_class = AutoModelForObjectDetection if self.detection else AutoModelForImageClassification
         self._processor = AutoImageProcessor.from_pretrained(spec.path, **spec.pretrained)
         self._model = model_class.from_pretrained(spec.path, **spec.pretrained).to(device=device, dtype=dtype).eval()
@@ -120,12 +120,12 @@ class ImageRunner:
 
     def _options(self, parameters: dict[str, Any]) -> ImageOptions:
         if not self.detection:
-            check_parameters(parameters, frozenset({"top_k"}), self.spec.task)
+            check_parameters(parameters, frozenset({TOP_K}), self.spec.task)
             return ImageOptions(top_k_of(parameters, DEFAULT_TOP_K), DEFAULT_THRESHOLD)
-        check_parameters(parameters, frozenset({"threshold"}), self.spec.task)
-        threshold = parameters.get("threshold", DEFAULT_THRESHOLD)
+        check_parameters(parameters, frozenset({THRESHOLD}), self.spec.task)
+        threshold = parameters.get(THRESHOLD, DEFAULT_THRESHOLD)
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
-            raise InputError(f"parameter 'threshold' must be a number from 0 to 1, not {threshold!r}")
+            raise InputError(f"parameter {THRESHOLD!r} must be a number from 0 to 1, not {threshold!r}")
         return ImageOptions(DEFAULT_TOP_K, float(threshold))
 
     def _forward(self, images: list[Image.Image], options: ImageOptions) -> list[Any]:

@@ -67,8 +67,8 @@ def make_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 4  # fatal only: a failing run raises, and the worker says why
-    # ORT's idle pool threads spin by default, here for the whole gap between two runs (14-20 ms of CPU in a
-    # 20 ms gap): a worker that just ran a batch would take the cores the ledger hands to the next one.
+    # ORT's idle pool threads spin by default, here for the whole gap between two runs (BENCHMARKS.md, ONNX
+    # Runtime): a worker that just ran a batch would take the cores the ledger hands to the next one.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

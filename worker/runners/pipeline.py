@@ -5,8 +5,8 @@ and what warm-up must pass, so bad parameters are refused with a message that
 names them instead of being dropped silently.
 
 Outputs carry each input's token count.  The pipeline tokenizes inside, out
-of reach, so the count takes one more tokenizer call per batch (about a
-millisecond for 32 texts): the input as the tokenizer encodes it alone, with
+of reach, so the count takes one more tokenizer call per batch (small beside
+the pipeline's own): the input as the tokenizer encodes it alone, with
 special tokens, truncated where the pipeline truncates (feature-extraction);
 zero-shot-classification's count is its text's, not the pairs it forms with
 each candidate label.
@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.runners.spec import (
-    EMBEDDINGS_TASK,
-    IMAGE_TASKS,
-    RERANK_TASK,
     InputError,
     ModelDetails,
     ModelSpec,
@@ -31,6 +28,7 @@ from worker.runners.spec import (
     quoted_names,
 )
 from worker.runners.text import dtype_name, model_max_length, tokenize_texts
+from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, RERANK, TEXT_CLASSIFICATION
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +42,7 @@ PIPELINE_TASKS = (
     "token-classification",
     "zero-shot-classification",
 )
-OWN_RUNNER_TASKS = (EMBEDDINGS_TASK, RERANK_TASK, "text-classification", *IMAGE_TASKS)
+OWN_RUNNER_TASKS = (EMBEDDINGS, RERANK, TEXT_CLASSIFICATION, *IMAGE_TASKS)
 LABELLED_TASKS = ("token-classification",)  # whose labels READY announces
 # The worker owns batching; letting callers set these would break the one-output-per-input contract.
 _RESERVED_PARAMETERS = frozenset({"batch_size", "num_workers"})

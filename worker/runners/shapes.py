@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 On CUDA, the first batch of a new shape pays once for what the shape needs:
 kernel selection, cuBLAS workspaces, the caching allocator's first blocks.
-In float16 that was about 35 ms a new padded length for all-MiniLM-L6-v2 on
-an H200 (BENCHMARKS.md), eight times the batch itself, and serving text of
-every length meets a new shape nearly every batch at first.  So on CUDA a
+That costs several times the batch itself (BENCHMARKS.md, GPU: new shapes),
+and serving text of every length meets a new shape nearly every batch at
+first.  So on CUDA a
 batch is padded up to a *bucket*: its longest input's length rounded up to
 one of :data:`LENGTHS` (and to the model's maximum), and its row count to
 one of :data:`ROWS` (and to the largest batch).  Every bucket runs once

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zbatch.hub import BUNDLED_MODEL_NAME, bundled_model_path
-from zbatch.protocol import vocabulary
+from zbatch.protocol.vocabulary import CLASSIFICATION, EMBEDDINGS, RERANK
 from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
 from zbatch.protocol.vocabulary import DECODE as DECODE
 from zbatch.protocol.vocabulary import EMBED_ALL as EMBED_ALL
@@ -27,11 +27,6 @@ from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
 
 DEFAULT_MODEL_NAME = BUNDLED_MODEL_NAME
 default_model_path = bundled_model_path  # the bundled model's folder, found without importing its package
-# The task and operation names are the protocol's (zbatch/protocol/vocabulary.py), under the worker's names.
-EMBEDDINGS_TASK = vocabulary.EMBEDDINGS
-SPARSE_EMBEDDINGS_TASK = vocabulary.SPARSE_EMBEDDINGS
-RERANK_TASK = vocabulary.RERANK
-CLASSIFICATION_TASKS = vocabulary.CLASSIFICATION
 RUNTIMES = ("auto", "torch", "onnx")  # what runs a text model: ONNX Runtime where it validates (auto), or one
 QUANTIZE = ("none", "int8")  # int8: ONNX Runtime's dynamic quantization, where it still validates
 
@@ -54,11 +49,11 @@ class ModelSpec:
 
     name: str
     path: str
-    task: str = EMBEDDINGS_TASK
+    task: str = EMBEDDINGS
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
-    cuda_graphs: str = "auto"  # on CUDA: which bucket shapes run as CUDA graphs (worker.runners.graphs)
+    cuda_graphs: bool = True  # on CUDA: each bucket shape of a graphable model runs as a CUDA graph (runners.graphs)
     runtime: str = "torch"
     quantize: str = "none"
     onnx_cache: str = ""
@@ -138,9 +133,9 @@ def input_kind(task: str, operation: str = RUN) -> InputKind:
         return InputKind.IDS
     if operation in (TOKENIZE, EMBED_ALL):
         return InputKind.TEXT
-    if task == RERANK_TASK:
+    if task == RERANK:
         return InputKind.PAIR
-    if task in CLASSIFICATION_TASKS:
+    if task in CLASSIFICATION:
         return InputKind.TEXT_OR_PAIR
     if task in IMAGE_TASKS:
         return InputKind.IMAGE

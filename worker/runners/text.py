@@ -61,11 +61,11 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
-from zbatch.protocol.vocabulary import PROMPT_NAME
+from zbatch.protocol.vocabulary import ADD_SPECIAL_TOKENS, PROMPT_NAME, TOKENIZE, TRUNCATE, TRUNCATION_DIRECTION
 
 log = logging.getLogger("zbatch.worker")
-TRUNCATION_PARAMETERS = frozenset({"truncate", "truncation_direction"})
-TOKENIZE_PARAMETERS = frozenset({"add_special_tokens"})
+TRUNCATION_PARAMETERS = frozenset({TRUNCATE, TRUNCATION_DIRECTION})
+TOKENIZE_PARAMETERS = frozenset({ADD_SPECIAL_TOKENS})
 DIRECTIONS = ("right", "left")
 FALLBACK_MAX_LENGTH = 512  # for a model that states no maximum anywhere
 UNKNOWN_LENGTH = 2**24  # tokenizers that do not know their maximum say 1e30
@@ -118,10 +118,10 @@ def flag(parameters: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def truncation_of(parameters: dict[str, Any]) -> Truncation:
-    direction = parameters.get("truncation_direction", "right")
+    direction = parameters.get(TRUNCATION_DIRECTION, "right")
     if direction not in DIRECTIONS:
-        raise InputError(f"parameter 'truncation_direction' must be 'right' or 'left', not {direction!r}")
-    return Truncation(flag(parameters, "truncate", True), str(direction))
+        raise InputError(f"parameter {TRUNCATION_DIRECTION!r} must be 'right' or 'left', not {direction!r}")
+    return Truncation(flag(parameters, TRUNCATE, True), str(direction))
 
 
 def model_max_length(tokenizer: Any, config: Any) -> int:
@@ -155,12 +155,12 @@ def tokenize_texts(tokenizer: Any, inputs: list[Any], parameters: dict[str, Any]
     A special token's ``text`` is the token itself and its offsets are nil;
     any other token's ``text`` is the piece of the input it stands for.
     """
-    check_inputs(inputs, InputKind.TEXT, "'tokenize'")
-    check_parameters(parameters, TOKENIZE_PARAMETERS, "'tokenize'")
+    check_inputs(inputs, InputKind.TEXT, repr(TOKENIZE))
+    check_parameters(parameters, TOKENIZE_PARAMETERS, repr(TOKENIZE))
     if not tokenizer.is_fast:
         raise InputError("this model's tokenizer gives no character offsets (it is not a fast tokenizer), "
-                         "which 'tokenize' needs")
-    encoded = tokenizer(inputs, add_special_tokens=flag(parameters, "add_special_tokens", True),
+                         f"which {TOKENIZE!r} needs")
+    encoded = tokenizer(inputs, add_special_tokens=flag(parameters, ADD_SPECIAL_TOKENS, True),
                         return_offsets_mapping=True, return_special_tokens_mask=True)
     outputs = []
     for index, text in enumerate(inputs):
@@ -250,7 +250,7 @@ class TextRunner:
         self.modelled_seconds = 0.0
         if not self.takes_prompts:
             return tokenize_texts(self._own_tokenizer(), inputs, parameters)
-        check_inputs(inputs, InputKind.TEXT, "'tokenize'")
+        check_inputs(inputs, InputKind.TEXT, repr(TOKENIZE))
         rest = {name: value for name, value in parameters.items() if name != PROMPT_NAME}
         return tokenize_texts(self._own_tokenizer(), prompted(self.prompts.prefix(parameters), inputs), rest)
 
@@ -278,7 +278,7 @@ class TextRunner:
             if encoding.length > self.max_length:  # only untruncated
                 results.append(InputError(
                     f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
-                    "shorten it, or let the model truncate it (parameter 'truncate': true)"))
+                    f"shorten it, or let the model truncate it (parameter {TRUNCATE!r}: true)"))
             else:
                 results.append(encoding)
         return results

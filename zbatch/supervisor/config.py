@@ -40,8 +40,8 @@ class ServeConfig:
                        "auto (those CUDA_VISIBLE_DEVICES or nvidia-smi -L shows, none where ZBATCH_DEVICE is set), "
                        "none (CPU workers), or indices such as 0,1", check=check_gpus)
     workers_per_gpu: int = option(0, "worker daemons on each GPU; 0: one for every 4 of the host's cores a GPU has, "
-                                     "1 to 4 (a worker's CPU side limits a small model: on an H200 with 16 cores, "
-                                     "4 served 2.7x what 1 did, and 5 or 6 less than 4)", minimum=0)
+                                     "1 to 4 (a worker's CPU side limits a small model, so several serve more than "
+                                     "one, and more than 4 served less; BENCHMARKS.md, GPU)", minimum=0)
     host: str = option("127.0.0.1", "address the gateway listens on")
     port: int = option(8000, "TCP port the gateway listens on", minimum=1)
     processes: int = option(0, "gateway processes sharing the port; 0: the gateway's default (one per core, "

@@ -12,11 +12,10 @@ its tokenizer pool, the Python that launches each batch) is what limits a
 small model on a big GPU, so several processes per GPU keep it busier than
 one.  By default (:func:`workers_per_gpu`) a GPU gets one worker for every
 :data:`CORES_PER_WORKER` of the host's cores it has to itself, from 1 to
-:data:`MAX_WORKERS_PER_GPU`.  On an H200 with 16 cores, all-MiniLM-L6-v2 at
-256 clients over ZeroMQ: 1 worker 4,000 requests/s, 2 7,168, 3 9,433,
-4 10,799, 5 9,596, 6 9,594 (BENCHMARKS.md, GPU), each of 4 workers used
-about 2.6 of the 10.5 cores the host was busy with.  The workers interleave
-on the GPU, each in its own CUDA context.
+:data:`MAX_WORKERS_PER_GPU`: each worker more serves more until the host's
+cores or the GPU's contexts run out, and past that a worker more serves less
+(BENCHMARKS.md, GPU: workers per GPU, which set both).  The workers
+interleave on the GPU, each in its own CUDA context.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from collections.abc import Mapping
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 CORES_PER_WORKER = 4  # host cores a GPU worker's CPU side, with its share of the gateway and broker, keeps busy
-MAX_WORKERS_PER_GPU = 4  # past it, workers on one GPU served less (6 and 5 against 4 on an H200)
+MAX_WORKERS_PER_GPU = 4  # past it, workers on one GPU served less (BENCHMARKS.md, GPU: workers per GPU)
 
 
 def visible_gpus(environ: Mapping[str, str], nvidia_smi_lines: list[str] | None) -> int:

@@ -147,7 +147,7 @@ def main() -> None:
         label = f"{dtype}, graphs {graphs}" if cuda else "cpu"
         started = time.perf_counter()
         runner = load_runner(ModelSpec(label, args.model, device=device, dtype=dtype, max_batch_size=max(sizes),
-                                       cuda_graphs=graphs))
+                                       cuda_graphs=graphs != "off"))
         startup[label] = round(time.perf_counter() - started, 2)
         outputs[label] = runner.run(sample, {})
         rows += measure_runner(runner, label, sizes, seconds, texts, sync)

@@ -1,0 +1,102 @@
+"""The models one worker serves, as its settings name them: the main model's flags, then ``--extra-models``.
+
+Read once, at start (:attr:`worker.config.WorkerConfig.models`): each model's
+settings are parsed, checked and typed here, so the runners and the batching
+policy see numbers and flags, never the text they were written in.  An extra
+model takes the main model's settings for every key it does not give, but
+its name, revision and default prompt name, which are its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from worker.runners.runtime import check_settings
+from worker.runners.spec import ModelSpec, default_model_path
+from zbatch.hub import public_name
+from zbatch.runtime.settings import parse_entries
+
+if TYPE_CHECKING:
+    from worker.config import WorkerConfig
+
+GRAPH_SETTINGS = ("auto", "off")  # --cuda-graphs: the runner captures graphs (ModelSpec.cuda_graphs) or not
+SPEC_KEYS = {"name", "model", "revision", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size",
+             "max_batch_delay_ms", "cuda_graphs", "default_prompt_name"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model to serve: what loads it (its spec) and how long its batch may wait for more items."""
+
+    spec: ModelSpec
+    max_batch_delay_s: float
+
+
+def served_models(config: WorkerConfig) -> tuple[ServedModel, ...]:
+    """The main model from the flags, then any ``--extra-models``; names must be unique (ValueError says why not).
+
+    A spec's ``path`` is the model as set, a Hub id or a folder (``model_path`` and ``path=``: a folder),
+    until :func:`worker.sources.fetch_models` makes it the local folder.
+    """
+    extras = extra_entries(config.extra_models)
+    models = [main_model(config)]
+    for setting, given in extras:
+        model = extra_model(setting, given, models[0])
+        if any(each.spec.name == model.spec.name for each in models):
+            raise ValueError(f"model name {model.spec.name!r} is served twice; give each model its own name")
+        models.append(model)
+    return tuple(models)
+
+
+def main_model(config: WorkerConfig) -> ServedModel:
+    """The model of ``--model`` and the flags beside it, whose values the settings have checked already."""
+    setting = config.model or (os.path.abspath(config.model_path) if config.model_path else "")
+    spec = ModelSpec(config.model_name or public_name(setting), setting or default_model_path(), task=config.task,
+                     device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
+                     cuda_graphs=config.cuda_graphs != "off", runtime=config.runtime, quantize=config.quantize,
+                     onnx_cache=config.onnx_cache, default_prompt_name=config.default_prompt_name,
+                     revision=config.revision, trust_remote_code=config.trust_remote_code)
+    check_settings(spec)
+    return ServedModel(spec, config.max_batch_delay_ms / 1000)
+
+
+def extra_entries(text: str) -> list[tuple[str, dict[str, str]]]:
+    """``name=a,path=/m/a,task=fill-mask;model=org/b,revision=v2`` -> each model as set (``model=``, a Hub id
+    or a folder, as ``--model``; ``path=``, a folder) and its other keys."""
+    entries = []
+    for given in parse_entries(text, SPEC_KEYS, "extra model"):
+        if ("path" in given) == ("model" in given):
+            raise ValueError(f"extra model {given}: needs a model= (a Hub id or a folder) or a path= (a folder), "
+                             f"one of the two")
+        setting = given.pop("model", "") or os.path.abspath(given.pop("path"))
+        entries.append((setting, given))
+    return entries
+
+
+def extra_model(setting: str, given: dict[str, str], main: ServedModel) -> ServedModel:
+    """An extra model's keys, typed and checked; those it does not give are the main model's."""
+    name = given.get("name", public_name(setting))
+    try:
+        batch_size = int(given["max_batch_size"]) if "max_batch_size" in given else main.spec.max_batch_size
+        delay_ms = float(given["max_batch_delay_ms"]) if "max_batch_delay_ms" in given else None
+    except ValueError:
+        raise ValueError(f"model {name!r}: batch settings must be numbers") from None
+    if batch_size < 0 or (delay_ms is not None and delay_ms < 0):
+        raise ValueError(f"model {name!r}: max_batch_size must be >= 0 (0: the device's default) and "
+                         "max_batch_delay_ms >= 0")
+    graphs = given.get("cuda_graphs")
+    if graphs is not None and graphs not in GRAPH_SETTINGS:
+        raise ValueError(f"model {name!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
+    inherited = main.spec
+    spec = dataclasses.replace(
+        inherited, name=name, path=setting, revision=given.get("revision", ""),
+        default_prompt_name=given.get("default_prompt_name", ""), max_batch_size=batch_size,
+        cuda_graphs=inherited.cuda_graphs if graphs is None else graphs != "off",
+        task=given.get("task", inherited.task), device=given.get("device", inherited.device),
+        dtype=given.get("dtype", inherited.dtype), runtime=given.get("runtime", inherited.runtime),
+        quantize=given.get("quantize", inherited.quantize))
+    check_settings(spec)
+    return ServedModel(spec, main.max_batch_delay_s if delay_ms is None else delay_ms / 1000)
