@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 from scripts.benchmarks.peers.venvs import cache_root
-from worker.runners.spec import default_model_path
+from scripts.benchmarks.systems.shapes import Shape, shaped_model
 from zbatch.testing import ROOT, Daemons, broker_stats, daemon_env, start_broker, start_gateway, start_worker
 
 MODEL = "neighbour"
@@ -43,22 +42,7 @@ def log(message: str) -> None:
 
 def model_folder(layers: int) -> Path:
     """The bundled model's config and tokenizer with ``layers`` layers of random (seeded) weights; built once."""
-    folder = cache_root() / "neighbour" / f"minilm-{layers}-layers-random"
-    if (folder / "model.safetensors").exists():
-        return folder
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    log(f"building a {layers}-layer model with random weights in {folder}")
-    bundled = Path(default_model_path())
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(bundled, partial, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.onnx"))
-    config = AutoConfig.from_pretrained(bundled, num_hidden_layers=layers)
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(partial)
-    partial.rename(folder)
-    return folder
+    return shaped_model(Shape(f"{layers} x 384", layers, 384, 12, 1536), cache_root() / "neighbour")
 
 
 def start_stack(daemons: Daemons, folder: Path) -> str:

@@ -30,13 +30,20 @@ from typing import Any
 
 from scripts.benchmarks.cases.context import Context, row
 from scripts.benchmarks.common import procs
+from scripts.benchmarks.common.texts import sentences
 from scripts.benchmarks.load.processes import spread_closed_loop
+from scripts.benchmarks.peers.venvs import cache_root
+from scripts.benchmarks.systems.shapes import BERT_BASE, E5_SMALL, mean_tokens, shaped_model
 from worker.runners.spec import DEFAULT_MODEL_NAME, default_model_path
 from zbatch.testing import ROOT, Daemon, Daemons, daemon_env, endpoint, free_port, http_status, spawn, start_http
 
 CASE = "gpu"
 CLIENTS, QUICK_CLIENTS = (1, 64, 256, 512), (1, 8)
 UPLOAD = (16, 32)  # clients, texts a request: a corpus upload
+SHAPES = (E5_SMALL, BERT_BASE)  # the anchors' model shapes (issue 41)
+SHAPE_LOADS = ((512, 1), (64, 32))  # (clients, texts a request) for each shape, on CUDA
+QUICK_SHAPE_LOADS = ((2, 1), (2, 8))
+SHAPE_MODEL = "shaped"
 LOAD_PROCESSES = 4
 MOSEC_TEXT = "mosec 0.9.8, float16"
 GPU_HEADING = "## GPU"
@@ -62,6 +69,7 @@ async def gpu(ctx: Context) -> None:
     quick = ctx.settings.quick and not cuda
     path, name = model_folder()
     procs.log(f"gpu: on {'CUDA' if cuda else 'the CPU (short form)'}; the model alone first")
+    tokens = await asyncio.to_thread(mean_tokens, path, sentences())
     alone = await _model_alone(path, quick)
     ctx.gpu_info = alone["info"] | {"extra": alone["extra"], "cuda": cuda}
     for r in alone["rows"]:
@@ -76,15 +84,43 @@ async def gpu(ctx: Context) -> None:
                 procs.log(f"gpu: zbatch serve over {kind.upper()} at {c} clients")
                 result = await spread_closed_loop(kind, served.target(kind), name, c, warmup_s, duration_s,
                                                   LOAD_PROCESSES)
-                ctx.rows.append(row(CASE, f"zbatch serve, {kind.upper()}", c, result))
+                ctx.rows.append(row(CASE, f"zbatch serve, {kind.upper()}", c, with_tokens(result, tokens)))
         upload_clients, texts = (2, 8) if quick else UPLOAD
         procs.log(f"gpu: {upload_clients} clients x {texts} texts a request over HTTP")
         result = await spread_closed_loop("http", served.target("http"), name, upload_clients, warmup_s,
                                           duration_s, LOAD_PROCESSES, texts=texts)
-        ctx.rows.append(row(f"{CASE}-upload", f"zbatch serve, HTTP, {texts} texts a request", upload_clients, result))
+        ctx.rows.append(row(f"{CASE}-upload", f"zbatch serve, HTTP, {texts} texts a request", upload_clients,
+                            with_tokens(result, tokens)))
     if cuda:
         await _one_worker_per_gpu(ctx, path, name, warmup_s, duration_s)
+    await _shapes(ctx, cuda, quick, warmup_s, duration_s, tokens)
     await _mosec(ctx, path, name, clients, warmup_s, duration_s, cuda)
+
+
+def with_tokens(result: dict[str, Any], tokens_per_text: float) -> dict[str, Any]:
+    """``result`` with its tokens/s: its texts/s times the mean tokens of the texts the load sends (every load
+    process cycles through the same texts)."""
+    return result | {"tokens_s": (result.get("texts_s") or 0.0) * tokens_per_text,
+                     "tokens_per_text": round(tokens_per_text, 1)}
+
+
+async def _shapes(ctx: Context, cuda: bool, quick: bool, warmup_s: float, duration_s: float,
+                  tokens: float) -> None:
+    """``zbatch serve`` with models of the anchors' shapes (random weights: only speed is measured), one text
+    a request at the most clients and 32 texts a request; in the CPU's short form, the small shape alone on
+    torch (an ONNX export of it would be most of the case's time) with a few clients."""
+    shapes, loads = (SHAPES, SHAPE_LOADS) if cuda else ((E5_SMALL,), QUICK_SHAPE_LOADS)
+    env = {} if cuda else {"ZBATCH_RUNTIME": "torch"}
+    for shape in shapes:
+        folder = await asyncio.to_thread(shaped_model, shape, cache_root() / "shapes")
+        with Daemons() as daemons:
+            served = await _serve(daemons, str(folder), SHAPE_MODEL, f"shape-{shape.folder_name}", env=env)
+            for clients, texts in loads:
+                procs.log(f"gpu: {shape.name}: {clients} clients x {texts} texts a request over HTTP")
+                result = await spread_closed_loop("http", served.target("http"), SHAPE_MODEL, clients, warmup_s,
+                                                  duration_s, LOAD_PROCESSES, texts=texts)
+                ctx.rows.append(row(f"{CASE}-shape", f"{shape.name}, HTTP, {texts} text{'s' * (texts > 1)} a "
+                                    "request", clients, with_tokens(result, tokens), startup_s=served.startup_s))
 
 
 async def _model_alone(path: str, quick: bool) -> dict[str, Any]:
@@ -108,15 +144,16 @@ class Served:
         return f"{self.url}/models/{self.model}" if kind == "http" else self.frontend
 
 
-async def _serve(daemons: Daemons, path: str, name: str, layout: str, *args: str) -> Served:
-    """``zbatch serve`` with the model at ``path`` and the ``ZBATCH_*`` settings of this run's environment; it
-    counts as started once an embedding comes back."""
+async def _serve(daemons: Daemons, path: str, name: str, layout: str, *args: str,
+                 env: dict[str, str] | None = None) -> Served:
+    """``zbatch serve`` with the model at ``path`` and the ``ZBATCH_*`` settings of this run's environment (then
+    ``env``); it counts as started once an embedding comes back."""
     port, frontend = free_port(), endpoint()
     started = time.monotonic()
     settings = {key: value for key, value in os.environ.items() if key.startswith("ZBATCH_")}  # the operator's
     daemon = daemons.add(spawn("zbatch", f"serve-{layout}", daemons.log_dir, "serve", *args, port=port,
                                frontend=frontend, backend=endpoint(), interpreter=None,
-                               env=settings | {"ZBATCH_MODEL_PATH": path, "ZBATCH_MODEL_NAME": name}))
+                               env=settings | (env or {}) | {"ZBATCH_MODEL_PATH": path, "ZBATCH_MODEL_NAME": name}))
     url = f"http://127.0.0.1:{port}"
     body = json.dumps({"inputs": "warm"}).encode()
 
@@ -185,14 +222,18 @@ def section(rows: list[dict[str, Any]], info: dict[str, Any] | None) -> list[str
              "`zbatch serve` as shipped "
              f"(answered {info['startup_s']:.1f} s after its start). Load from {LOAD_PROCESSES} processes on the "
              "same host; each row gives the host's busy cores and the GPU's mean utilization.", "",
-             "| what | clients | requests/s | texts/s | p50 ms | p99 ms | errors | host cores | GPU busy % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Tokens/s: texts/s times the mean tokens of the texts sent "
+             f"({_tokens_per_text(rows)} a text with the bundled model's tokenizer, special tokens included). "
+             "The shaped models have the bundled model's tokenizer and random weights.", "",
+             "| what | clients | requests/s | texts/s | tokens/s | p50 ms | p99 ms | errors | host cores "
+             "| GPU busy % |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["case"] in (CASE, f"{CASE}-upload"):
+        if r["case"] in (CASE, f"{CASE}-upload", f"{CASE}-shape"):
             detail = r["detail"]
             lines.append(f"| {r['system']} | {r['concurrency']} | {_n(r['req_s'])} | {_n(r['texts_s'])} | "
-                         f"{_n(r['p50_ms'])} | {_n(r['p99_ms'])} | {r['errors']} | {_n(detail.get('machine_cores'))} "
-                         f"| {_n(detail.get('gpu_busy_pct'))} |")
+                         f"{_n(detail.get('tokens_s'))} | {_n(r['p50_ms'])} | {_n(r['p99_ms'])} | {r['errors']} | "
+                         f"{_n(detail.get('machine_cores'))} | {_n(detail.get('gpu_busy_pct'))} |")
     lines += ["", "The model alone, one Python thread (texts/s by batch size):", "",
               "| runner | " + " | ".join(str(b) for b in _batches(rows)) + " |",
               "|---|" + "---|" * len(_batches(rows))]
@@ -208,6 +249,11 @@ def section(rows: list[dict[str, Any]], info: dict[str, Any] | None) -> list[str
               "Batches of one text of a length not seen before, float16: with buckets "
               f"{extra.get('new_shapes_bucketed')}, without {extra.get('new_shapes_unbucketed')}."]
     return lines
+
+
+def _tokens_per_text(rows: list[dict[str, Any]]) -> str:
+    counts = {r["detail"].get("tokens_per_text") for r in rows if r["case"].startswith(CASE)} - {None}
+    return ", ".join(str(count) for count in sorted(counts)) or "–"
 
 
 def _batches(rows: list[dict[str, Any]]) -> list[int]:
