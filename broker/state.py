@@ -69,7 +69,7 @@ TRANSITIONS: dict[Phase, dict[Step, Phase]] = {
 OWED = frozenset({Phase.ADMITTED, Phase.WAITING, Phase.DISPATCHED, Phase.RETURNED})  # the client waits
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Exception):
     """A job was asked to take a step its phase does not allow: a bug in the broker, never the peers' doing."""
 
 
