@@ -37,24 +37,25 @@ PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
 MAX_TOTAL = 2**62  # counters saturate here, so sums over many workers still fit a msgpack integer
 
 
-class Phase(enum.Enum):
-    """Where a job is, and whether its client still waits for the answer."""
+class Phase(enum.IntEnum):
+    """Where a job is, and whether its client still waits for the answer.  (Integers: they hash in C, and the
+    core looks phases up on every step of every request.)"""
 
-    ADMITTED = "admitted"  # just admitted, not yet in its backlog
-    WAITING = "waiting"  # in its model's backlog at the broker
-    DISPATCHED = "dispatched"  # on a worker; the client waits for its answer
-    RETURNED = "returned"  # its worker let go of it unanswered: it is answered or waits again, in the same event
-    ANSWERED = "answered"  # the client has its answer (or cancelled); a worker still holds it, and its credit
-    DONE = "done"  # answered, and no worker holds it: the broker forgets it
+    ADMITTED = 1  # just admitted, not yet in its backlog
+    WAITING = 2  # in its model's backlog at the broker
+    DISPATCHED = 3  # on a worker; the client waits for its answer
+    RETURNED = 4  # its worker let go of it unanswered: it is answered or waits again, in the same event
+    ANSWERED = 5  # the client has its answer (or cancelled); a worker still holds it, and its credit
+    DONE = 6  # answered, and no worker holds it: the broker forgets it
 
 
-class Step(enum.Enum):
+class Step(enum.IntEnum):
     """What can happen to a job."""
 
-    ENQUEUE = "enqueue"  # into its model's backlog: on admission, or back from a worker for a retry
-    DISPATCH = "dispatch"  # to a worker
-    SETTLE = "settle"  # its client is answered, or cancelled it
-    RELEASE = "release"  # its worker lets go of it: it replied or declined, or died
+    ENQUEUE = 1  # into its model's backlog: on admission, or back from a worker for a retry
+    DISPATCH = 2  # to a worker
+    SETTLE = 3  # its client is answered, or cancelled it
+    RELEASE = 4  # its worker lets go of it: it replied or declined, or died
 
 
 # Every legal move: from a phase, a step, and the phase it lands in.  Anything else is a bug in the core.
@@ -114,9 +115,9 @@ class Job:
         moves = TRANSITIONS[self.phase]
         phase = moves.get(step)
         if phase is None:
-            allowed = ", ".join(move.value for move in moves) or "nothing"
-            raise IllegalTransition(f"job {self.job_id.hex()} cannot {step.value}: it is {self.phase.value}, "
-                                    f"which allows {allowed}")
+            allowed = ", ".join(move.name.lower() for move in moves) or "nothing"
+            raise IllegalTransition(f"job {self.job_id.hex()} cannot {step.name.lower()}: it is "
+                                    f"{self.phase.name.lower()}, which allows {allowed}")
         self.phase = phase
         return phase
 
