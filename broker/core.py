@@ -8,20 +8,26 @@ and calls ``tick`` when ``next_wakeup`` comes; the core appends the messages
 to send to ``outbox`` as ``(Peer, identity, frames)`` and never blocks.  The
 clock is injected, so tests drive it with fake frames and a fake clock.
 
-A client request goes through these states::
+A client request goes through these phases (:class:`broker.state.Phase`; a
+job holds one, and ``broker.state.TRANSITIONS`` lists its legal moves)::
 
-    admission --refused--> answered (overloaded / unknown model / bad request)
+    admission --refused--> answered at once, no job (overloaded / unknown model / bad request)
         |
         v
-    WAITING in its model's FIFO backlog --deadline or no worker--> answered
+    WAITING in its model's FIFO backlog --deadline, no worker, cancel--> DONE
         |  dispatch: the serving worker with the most free credit (ties:
         v  least recently used) that has room for the request's items
-    IN FLIGHT on one worker --worker REPLY--> answered with the worker's reply
-        |                   --deadline--> answered "deadline exceeded"; the
-        |                                 worker's late reply is dropped
-        +--worker dies--> WAITING again at the head of the backlog, while
-                          its retry budget lasts; then "worker lost"; a
+    DISPATCHED on one worker --worker REPLY--> DONE, with the worker's reply
+        |                    --deadline, cancel--> ANSWERED: the worker keeps its
+        |                                credit until it replies (the late reply
+        |                                is dropped) or dies, then DONE
+        +--worker dies or declines--> WAITING again at the head of the backlog,
+                          while its retry budget lasts; then "worker lost"; a
                           crash while it ran alone: "worker error" (poison)
+
+Between a worker letting go of a request it has not answered and the core's
+decision (forward the reply, retry, or give up) the job is RETURNED, within
+that one event.
 
 A job whose worker died may be what killed it (a poison input).  It is
 dispatched again only to an idle worker, which gets nothing else until it
@@ -90,7 +96,7 @@ from broker import admission, stats
 from broker.admission import Refusal
 from broker.limits import ModelLimits
 from broker.rates import ServiceRate
-from broker.state import Job, ModelState, WorkerState
+from broker.state import Job, ModelState, Phase, Step, WorkerState
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import (
     Cancel,
@@ -299,12 +305,12 @@ class BrokerCore:
     def abandon_all(self, message: str) -> None:
         """Answer every unanswered job now (end of a drain)."""
         for job in list(self.jobs.values()):
-            if not job.answered:
+            if job.owed:
                 self._answer(job, Status.NO_WORKER, message)
 
     @property
     def idle(self) -> bool:
-        return not any(not job.answered for job in self.jobs.values())
+        return not any(job.owed for job in self.jobs.values())
 
     # ------------------------------------------------------------- admission
 
@@ -483,7 +489,7 @@ class BrokerCore:
             self._forget_idle_models(now)
 
     def _requeue(self, job: Job, died: bool, *, blamed: bool) -> None:
-        if job.answered:
+        if job.phase is Phase.DONE:  # answered while its worker held it
             self._forget(job)
             return
         job.deaths += died
@@ -512,7 +518,7 @@ class BrokerCore:
             worker.rates.setdefault(job.model, ServiceRate()).answered_ok(job.items)
         if reply.status is Status.DECLINED:
             self._declined(worker, job)
-        elif job.answered:
+        elif job.phase is Phase.DONE:  # answered while this worker held it: the late reply is dropped
             self._forget(job)
         elif reply.status in STRAYS:
             self._stray(worker, job, reply)
@@ -559,7 +565,7 @@ class BrokerCore:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("worker %s declined job %s: full", worker.ready.name, job.job_id.hex(),
                       extra={"request_id": job.trace})
-        if job.answered:
+        if job.phase is Phase.DONE:
             self._forget(job)
         else:
             self.models[job.model].enqueue(job, front=True)
@@ -571,7 +577,8 @@ class BrokerCore:
     def _remove_overdue_workers(self, now: float) -> None:
         """A worker still holding an answered request long after its deadline is stuck, or lies about its work."""
         for worker in list(self.workers.values()):
-            if any(job.answered and now - job.deadline > OVERDUE_S for job in worker.in_flight.values()):
+            if any(job.phase is Phase.ANSWERED and now - job.deadline > OVERDUE_S
+                   for job in worker.in_flight.values()):
                 self.remove_worker(worker.identity, "overdue",
                                    f"(holds a request more than {OVERDUE_S:.0f} s past its deadline)")
 
@@ -596,16 +603,16 @@ class BrokerCore:
         heapq.heappush(self._timers, (when, next(self._timer_order), job))
 
     def _on_timer(self, job: Job, now: float) -> None:
-        if job.answered:
+        if not job.owed:
             return
         if now >= job.deadline:
-            if job.worker is not None:  # late on a worker: at least this late against its prediction
+            if job.phase is Phase.DISPATCHED:  # late on a worker: at least this late against its prediction
                 self.models[job.model].answered_at(job, now)
             self._answer(job, Status.DEADLINE_EXCEEDED,
                          f"not finished within its deadline of {(job.deadline - job.admitted_at) * 1000:.0f} ms")
             return
         model = self.models[job.model]
-        if job.worker is None and not model.workers:
+        if job.phase is Phase.WAITING and not model.workers:
             if model.known:
                 self._answer(job, Status.NO_WORKER, f"no worker is serving model {job.model!r} right now; retry later")
             else:
@@ -615,10 +622,10 @@ class BrokerCore:
 
     def _cancel(self, client: bytes, request_id: bytes) -> None:
         job = self.by_client.get((client, request_id))
-        if job is None or job.answered:
+        if job is None or not job.owed:
             return
         self._settle(job)
-        if job.worker is not None:
+        if job.worker is not None:  # ANSWERED on a worker: tell it to stop
             self.outbox.append((Peer.WORKER, job.worker.identity, wire.encode_cancel(job.job_id)))
 
     def _answer(self, job: Job, status: Status, message: str) -> None:
@@ -631,19 +638,19 @@ class BrokerCore:
 
     def _settle(self, job: Job) -> None:
         """The client has its answer (or cancelled): nothing more is owed, and the payload can go."""
-        job.answered = True
+        was_waiting = job.phase is Phase.WAITING
+        job.advance(Step.SETTLE)
         self.by_client.pop((job.client, job.request_id), None)
         self.unanswered[job.client] -= 1
         if self.unanswered[job.client] <= 0:
             del self.unanswered[job.client]
         model = self.models[job.model]
-        was_waiting = job.waiting
         if was_waiting:
             model.forget_waiting(job)
             model.note_backlog(self.clock())
-        if job.worker is None:
+        if job.phase is Phase.DONE:
             self._forget(job)
-        else:
+        else:  # ANSWERED, its worker's credit still taken until the worker lets go
             self._drop_payload(job)  # never dispatched again: answered jobs are not retried
         if was_waiting:
             self._dispatch(model)  # it may have been the head that no worker had room for

@@ -2,10 +2,30 @@
 
 Plain data with a few invariants kept by small methods; the decisions that
 use them live in :mod:`broker.core` and :mod:`broker.admission`.
+
+A job's phase is one value, and its legal moves are data (``TRANSITIONS``,
+after h11's ``_state.py``): each step a job can take, from each phase, to the
+phase it lands in.  A step the table does not list raises
+:class:`IllegalTransition`, so a slip in the core (an answer sent twice, an
+answered job dispatched) fails loudly where it happens instead of skewing the
+counts that admission and dispatch decide by::
+
+    ADMITTED --enqueue--> WAITING --dispatch--> DISPATCHED --release--> RETURNED
+                          |    ^                     |                     |
+                          |    +------------ enqueue (a retry) ------------+
+                        settle                     settle                  |
+                          v                          v                     |
+                         DONE <-----release------ ANSWERED                 |
+                          ^---------------------- settle ------------------+
+
+``settle`` is the client's one answer (or its cancel); ``release`` is the
+worker letting go (its reply, a decline, its death).  A job answered on a
+worker stays ANSWERED, keeping that worker's credit, until the worker lets go.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import Counter, deque
 from dataclasses import astuple, dataclass, field
 
@@ -17,18 +37,54 @@ PRIORITIES = range(HIGH_PRIORITY, LOW_PRIORITY + 1)
 MAX_TOTAL = 2**62  # counters saturate here, so sums over many workers still fit a msgpack integer
 
 
+class Phase(enum.IntEnum):
+    """Where a job is, and whether its client still waits for the answer.  (Integers: they hash in C, and the
+    core looks phases up on every step of every request.)"""
+
+    ADMITTED = 1  # just admitted, not yet in its backlog
+    WAITING = 2  # in its model's backlog at the broker
+    DISPATCHED = 3  # on a worker; the client waits for its answer
+    RETURNED = 4  # its worker let go of it unanswered: it is answered or waits again, in the same event
+    ANSWERED = 5  # the client has its answer (or cancelled); a worker still holds it, and its credit
+    DONE = 6  # answered, and no worker holds it: the broker forgets it
+
+
+class Step(enum.IntEnum):
+    """What can happen to a job."""
+
+    ENQUEUE = 1  # into its model's backlog: on admission, or back from a worker for a retry
+    DISPATCH = 2  # to a worker
+    SETTLE = 3  # its client is answered, or cancelled it
+    RELEASE = 4  # its worker lets go of it: it replied or declined, or died
+
+
+# Every legal move: from a phase, a step, and the phase it lands in.  Anything else is a bug in the core.
+TRANSITIONS: dict[Phase, dict[Step, Phase]] = {
+    Phase.ADMITTED: {Step.ENQUEUE: Phase.WAITING},
+    Phase.WAITING: {Step.DISPATCH: Phase.DISPATCHED, Step.SETTLE: Phase.DONE},
+    Phase.DISPATCHED: {Step.RELEASE: Phase.RETURNED, Step.SETTLE: Phase.ANSWERED},
+    Phase.RETURNED: {Step.ENQUEUE: Phase.WAITING, Step.SETTLE: Phase.DONE},
+    Phase.ANSWERED: {Step.RELEASE: Phase.DONE},
+    Phase.DONE: {},
+}
+OWED = frozenset({Phase.ADMITTED, Phase.WAITING, Phase.DISPATCHED, Phase.RETURNED})  # the client waits
+
+
+class IllegalTransition(Exception):
+    """A job was asked to take a step its phase does not allow: a bug in the broker, never the peers' doing."""
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     """One admitted client request, from admission until its worker has let go of it.
 
-    ``answered`` means the client has had its one answer (or cancelled); a job
-    can be answered while still in flight on a worker, whose credit stays
-    taken until that worker replies or is declared dead.  ``deaths`` counts
-    the workers that died while running it; ``isolated`` says it runs alone
-    on its worker (it is a retry, and may be what killed the last one).
-    ``strays`` counts the workers that answered it with a status a worker may
-    not send (PROTOCOL.md 6.3), the last of which, ``avoid``, it is not sent
-    back to while another worker serves its model.
+    ``phase`` is where it is (:class:`Phase`), changed only by :meth:`advance`.
+    ``worker`` is the worker holding it, while one does (DISPATCHED or
+    ANSWERED).  ``deaths`` counts the workers that died while running it;
+    ``isolated`` says it runs alone on its worker (it is a retry, and may be
+    what killed the last one).  ``strays`` counts the workers that answered it
+    with a status a worker may not send (PROTOCOL.md 6.3), the last of which,
+    ``avoid``, it is not sent back to while another worker serves its model.
     """
 
     job_id: bytes
@@ -47,8 +103,23 @@ class Job:
     expected: float = 0.0  # when admission predicted its answer (0: no rate to predict with)
     isolated: bool = False
     worker: WorkerState | None = None
-    waiting: bool = False
-    answered: bool = False
+    phase: Phase = Phase.ADMITTED
+
+    @property
+    def owed(self) -> bool:
+        """Its client still waits for its one answer."""
+        return self.phase in OWED
+
+    def advance(self, step: Step) -> Phase:
+        """Take ``step`` (:data:`TRANSITIONS`), or raise :class:`IllegalTransition` if its phase forbids it."""
+        moves = TRANSITIONS[self.phase]
+        phase = moves.get(step)
+        if phase is None:
+            allowed = ", ".join(move.name.lower() for move in moves) or "nothing"
+            raise IllegalTransition(f"job {self.job_id.hex()} cannot {step.name.lower()}: it is "
+                                    f"{self.phase.name.lower()}, which allows {allowed}")
+        self.phase = phase
+        return phase
 
 
 @dataclass(slots=True, eq=False)
@@ -125,6 +196,8 @@ class WorkerState:
         return self.has_credit_for(job.items)
 
     def take(self, job: Job, now: float) -> None:
+        """Dispatch ``job`` to this worker: it holds the job, and the job's items of its credit."""
+        job.advance(Step.DISPATCH)
         job.isolated = job.deaths > 0
         self.in_flight[job.job_id] = job
         self.in_flight_items += job.items
@@ -133,8 +206,12 @@ class WorkerState:
         job.worker = self
 
     def release(self, job_id: bytes) -> Job | None:
-        job = self.in_flight.pop(job_id, None)
+        """The worker lets go of a job it holds (None: it holds no such job): RETURNED if its client still
+        waits, else DONE."""
+        job = self.in_flight.get(job_id)
         if job is not None:
+            job.advance(Step.RELEASE)
+            del self.in_flight[job_id]
             self.in_flight_items -= job.items
             self.isolated_in_flight -= job.isolated
             job.worker = None
@@ -175,6 +252,8 @@ class ModelState:
     queue_time: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
 
     def enqueue(self, job: Job, *, front: bool = False) -> None:
+        """Into its priority's backlog: at the back when admitted, at the front when back from a worker."""
+        job.advance(Step.ENQUEUE)
         if front:
             self.backlogs[job.priority].appendleft(job)
         else:
@@ -182,7 +261,6 @@ class ModelState:
         self.backlog_items += job.items
         self.waiting[job.priority] += job.items
         self.backlog_bytes += len(job.payload)
-        job.waiting = True
 
     def first_waiting(self) -> Job | None:
         """The next job to dispatch: the head of the highest non-empty class.
@@ -190,28 +268,27 @@ class ModelState:
         Jobs answered while they waited are skipped (and dropped) here.
         """
         for backlog in self.backlogs:
-            while backlog and not backlog[0].waiting:
+            while backlog and backlog[0].phase is not Phase.WAITING:
                 backlog.popleft()
             if backlog:
                 return backlog[0]
         return None
 
     def waiting_jobs(self) -> list[Job]:
-        return [job for backlog in self.backlogs for job in backlog if job.waiting]
+        return [job for backlog in self.backlogs for job in backlog if job.phase is Phase.WAITING]
 
     def dequeue(self, job: Job) -> Job:
-        """Take the job returned by :meth:`first_waiting` off its queue."""
+        """Take the job returned by :meth:`first_waiting` off its queue, to dispatch it."""
         self.backlogs[job.priority].popleft()
         self.forget_waiting(job)
         return job
 
     def forget_waiting(self, job: Job) -> None:
-        """Stop counting a job as waiting; answered jobs leave the deque lazily."""
-        if job.waiting:
-            job.waiting = False
-            self.backlog_items -= job.items
-            self.waiting[job.priority] -= job.items
-            self.backlog_bytes -= len(job.payload)
+        """Stop counting a job that waited: it is being dispatched, or was answered (it then leaves its
+        deque lazily, in :meth:`first_waiting`)."""
+        self.backlog_items -= job.items
+        self.waiting[job.priority] -= job.items
+        self.backlog_bytes -= len(job.payload)
 
     def ahead_of(self, priority: int) -> int:
         """Items that run before a request of ``priority`` admitted now: those on workers, and those waiting

@@ -11,7 +11,10 @@ every event the test checks, with its own reading of the state (not the core's h
 
 * every request the core answered ``overloaded`` found, when it came, no worker of its model with credit
   for it, or items of its priority or higher waiting;
-* nothing waits that a worker could take: the head of each model's backlog fits no worker's free credit.
+* nothing waits that a worker could take: the head of each model's backlog fits no worker's free credit;
+* every job the core holds is in a phase its facts agree with (``broker.state.Phase``): waiting in its
+  model's backlog, or held by its worker, whether answered or not; and no step it took was illegal
+  (an illegal one raises).
 
 Outside the invariant, and kept out of these sequences: a draining broker, a connection at its cap of
 unanswered requests, and payload bytes at their bound (PROTOCOL.md 6.1 says why).
@@ -25,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Peer
-from broker.state import ModelState, WorkerState
+from broker.state import ModelState, Phase, WorkerState
 from tests.broker.test_core import FakeClock
 from zbatch.protocol import wire
 from zbatch.protocol.wire import (
@@ -153,6 +156,16 @@ class Broker(RuleBasedStateMachine):
                       if w.identity != head.avoid and free_for(w, head.items)
                       and (not head.deaths or w.in_flight_items == 0)]
             assert not takers, f"{head.items} items wait for {model.name} while {takers[0].label} has credit"
+
+    @invariant()
+    def each_job_is_where_its_phase_says(self) -> None:
+        for job in self.core.jobs.values():
+            if job.phase is Phase.WAITING:
+                assert job.worker is None and job in self.core.models[job.model].waiting_jobs(), job
+            else:
+                assert job.phase in (Phase.DISPATCHED, Phase.ANSWERED), job
+                assert job.worker is not None and job.worker.in_flight.get(job.job_id) is job, job
+            assert job.owed == (self.core.by_client.get((job.client, job.request_id)) is job), job
 
 
 Broker.TestCase.settings = settings(derandomize=True, database=None, deadline=None, max_examples=300,
