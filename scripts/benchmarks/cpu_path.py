@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -52,6 +53,7 @@ WARMUP_S = 2.0
 PATHS = ("http", "zmq")
 DAEMONS = ("gateway", "broker", "worker", "load generator")
 PROFILE_RATE = 200  # py-spy samples a second
+LINE = re.compile(r":\d+\)$")  # a frame's line number: a function's samples are counted together
 # Kinds of work, each named by pieces of the frames it shows in; a sample is the first kind found in its frames
 # from the innermost outwards, and at each frame the first in this order.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -161,7 +163,8 @@ def kind_of(frames: list[str]) -> str:
 
 
 def breakdown(lines: Iterable[str]) -> tuple[Counter[str], Counter[str]]:
-    """Samples by kind of work, and by the innermost frame (the function that ran), from py-spy's raw lines."""
+    """Samples by kind of work, and by the innermost frame (the function that ran, whatever its line), from
+    py-spy's raw lines."""
     kinds: Counter[str] = Counter()
     functions: Counter[str] = Counter()
     for line in lines:
@@ -170,7 +173,7 @@ def breakdown(lines: Iterable[str]) -> tuple[Counter[str], Counter[str]]:
         frames, count = frames_of(line)
         python = [frame for frame in frames if not frame.startswith(("process ", "thread "))]
         kinds[kind_of(python)] += count
-        functions[python[-1] if python else "(no Python frame)"] += count
+        functions[LINE.sub(")", python[-1]) if python else "(no Python frame)"] += count
     return kinds, functions
 
 
@@ -197,9 +200,11 @@ async def profiled(path: str, stack: Stack, concurrency: int, warmup_s: float, s
         runner = asyncio.create_task(load.closed_loop(call, concurrency, warmup_s, seconds))
         await asyncio.sleep(warmup_s)
         files = {name: folder / f"{path}-c{concurrency}-{name.replace(' ', '-')}.txt" for name in pids}
+        # A daemon's children are its own (--subprocesses); this process's are the daemons.
         spies = [await asyncio.create_subprocess_exec(
             "py-spy", "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate",
-            str(PROFILE_RATE), "--format", "raw", "--nonblocking", "--subprocesses", "--output", str(files[name]),
+            str(PROFILE_RATE), "--format", "raw", "--nonblocking", "--output", str(files[name]),
+            *(() if name == "load generator" else ("--subprocesses",)),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) for name, pid in pids.items()]
         await asyncio.gather(*(spy.wait() for spy in spies))
         await runner

@@ -36,8 +36,8 @@ def test_a_sample_is_the_kind_of_its_innermost_frame_that_names_one() -> None:
 def test_the_breakdown_counts_samples_by_kind_and_by_function_and_prices_them() -> None:
     kinds, functions = breakdown(RAW.splitlines())
     assert kinds == Counter({"JSON": 6, "event loop": 3, "msgpack": 1})
-    assert functions.most_common(1) == [("dumps (json/__init__.py:231)", 6)]
+    assert functions.most_common(1) == [("dumps (json/__init__.py)", 6)]
     line = format_breakdown("gateway", 200.0, kinds, functions, top=1)
     assert line.startswith("- **gateway** (10 samples, 200 µs a request): JSON 60% (120 µs), event loop 30% (60 µs), "
                            "msgpack 10% (20 µs)")
-    assert "`dumps (json/__init__.py:231)` 60%" in line
+    assert "`dumps (json/__init__.py)` 60%" in line
