@@ -14,11 +14,12 @@ model does.  So the accelerator never sets the pace: the CPU the serving path sp
 the table prices.  Issue 41 asks for it to fall by half.
 
 With ``--profile DIR`` each cell runs a second window of the same length with py-spy sampling every daemon
-(``py-spy record --nonblocking``: the daemons are never paused); the first window's figures stay free of the
-profiler's own CPU.  The raw stacks go to DIR, and a breakdown follows the table: per daemon, the share of its
-samples in each kind of work (HTTP parsing, JSON, msgpack, tokenizing, the broker's loop, the worker's Python,
-socket sends and receives, the load generator's own work; see :data:`KINDS`), priced in µs per request from the
-first window's CPU, and the functions that took the most samples themselves.
+(``py-spy record --nonblocking``: the daemons are never paused; with ``--native`` C and Rust frames too, which
+needs a pause at each sample); the first window's figures stay free of the profiler's own CPU.  The raw stacks
+go to DIR, and a breakdown follows the table: per daemon, the share of its busy samples in each kind of work
+(HTTP parsing, JSON, msgpack, tokenizing, the broker's loop, the worker's Python, socket sends and receives, the
+load generator's own work; see :data:`KINDS`), priced in µs per request from the first window's CPU, and the
+functions that ran in the most samples.
 """
 
 from __future__ import annotations
@@ -54,16 +55,22 @@ PATHS = ("http", "zmq")
 DAEMONS = ("gateway", "broker", "worker", "load generator")
 PROFILE_RATE = 200  # py-spy samples a second
 LINE = re.compile(r":\d+\)$")  # a frame's line number: a function's samples are counted together
-# Kinds of work, each named by pieces of the frames it shows in; a sample is the first kind found in its frames
-# from the innermost outwards, and at each frame the first in this order.
+WAITING = "waiting, no CPU"
+# Kinds of work, each named by pieces of the frames it shows in (Python's, and with --native C's and Rust's); a
+# sample is the first kind found in its frames from the innermost outwards, and at each frame the first in this
+# order.  py-spy counts a thread busy by its state when it looks, so some waits show: they are kept apart.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (WAITING, ("take_gil", "futex", "sem_wait", "sem_timedwait", "pthread_cond", "epoll_wait", "epoll_pwait",
+               "nanosleep", "_Sleeping.__call__", "acquire (threading.py")),
     ("tokenizing", ("tokenizers", "tokenization_utils", "_tokenized")),
     ("msgpack", ("msgpack", "payloads.py")),
-    ("JSON", ("json/", "orjson", "json.py", "dumps ", "loads ")),
-    ("HTTP parsing and writing", ("aiohttp/", "multidict", "yarl/", "http_")),
-    ("socket sends and receives", ("zmq/", "send", "recv", "selector_events", "sock_", "transports")),
-    ("numpy", ("numpy/",)),
-    ("event loop", ("asyncio/", "uvloop", "eventloop")),
+    ("JSON", ("json/", "_json.c", "orjson", "json.py", "dumps ", "loads ")),
+    ("HTTP parsing and writing", ("aiohttp/", "multidict", "yarl/", "http_", "_http_parser")),
+    ("socket sends and receives", ("zmq/", "libzmq", "send", "recv", "read (libc", "write (libc", "writev (libc",
+                                   "selector_events", "sock_", "transports", "stream.c")),
+    ("garbage collection", ("gc_collect", "gcmodule.c")),
+    ("numpy", ("numpy/", "multiarray")),
+    ("event loop", ("asyncio/", "uvloop", "eventloop", "loop.c", "uv_run", "uv__", "_asynciomodule")),
     ("broker loop", ("broker/",)),
     ("worker's Python", ("worker/",)),
     ("gateway's Python", ("gateway/",)),
@@ -171,30 +178,37 @@ def breakdown(lines: Iterable[str]) -> tuple[Counter[str], Counter[str]]:
         if not line.strip():
             continue
         frames, count = frames_of(line)
-        python = [frame for frame in frames if not frame.startswith(("process ", "thread "))]
-        kinds[kind_of(python)] += count
-        functions[LINE.sub(")", python[-1]) if python else "(no Python frame)"] += count
+        code = [frame for frame in frames if not frame.startswith(("process ", "thread "))]
+        kind = kind_of(code)
+        kinds[kind] += count
+        if kind != WAITING:
+            functions[LINE.sub(")", code[-1]) if code else "(no frame)"] += count
     return kinds, functions
 
 
 def format_breakdown(name: str, cpu_us: float | None, kinds: Counter[str], functions: Counter[str],
                      top: int = 6) -> str:
-    """One daemon's line of the breakdown: each kind's share (and µs per request), then the top functions."""
-    samples = sum(kinds.values())
-    if not samples:
-        return f"- **{name}**: no samples"
+    """One daemon's line of the breakdown: each kind's share of the busy samples (and so of the µs per request),
+    then the functions that ran in the most busy samples, then the share of samples that were waits."""
+    busy = sum(kinds.values()) - kinds[WAITING]
+    if not busy:
+        return f"- **{name}**: no busy samples"
+
     def priced(count: int) -> str:
-        share = count / samples
+        share = count / busy
         return f"{share:.0%}" + ("" if cpu_us is None else f" ({share * cpu_us:,.0f} µs)")
-    ranked = ", ".join(f"{kind} {priced(count)}" for kind, count in kinds.most_common())
-    leaders = "; ".join(f"`{function}` {count / samples:.0%}" for function, count in functions.most_common(top))
-    return f"- **{name}** ({samples} samples{'' if cpu_us is None else f', {cpu_us:,.0f} µs a request'}): " \
-           f"{ranked}\n  - top functions: {leaders}"
+
+    ranked = ", ".join(f"{kind} {priced(count)}" for kind, count in kinds.most_common() if kind != WAITING)
+    leaders = "; ".join(f"`{function}` {count / busy:.0%}" for function, count in functions.most_common(top))
+    cost = "" if cpu_us is None else f", {cpu_us:,.0f} µs a request"
+    return (f"- **{name}** ({busy} busy samples{cost}): {ranked}\n  - top functions: {leaders}\n"
+            f"  - samples that were waits (no CPU, left out above): {kinds[WAITING] / sum(kinds.values()):.0%}")
 
 
-async def profiled(path: str, stack: Stack, concurrency: int, warmup_s: float, seconds: float, folder: Path
-                   ) -> dict[str, Path]:
-    """A second window of the cell with py-spy recording each daemon (this process as the load generator)."""
+async def profiled(path: str, stack: Stack, concurrency: int, warmup_s: float, seconds: float, folder: Path,
+                   native: bool = False) -> dict[str, Path]:
+    """A second window of the cell with py-spy recording each daemon (this process as the load generator);
+    ``native``: C and Rust frames too, which py-spy reads only while it pauses the process."""
     pids = stack.pids | {"load generator": os.getpid()}
     async with caller(path, stack, concurrency) as call:
         runner = asyncio.create_task(load.closed_loop(call, concurrency, warmup_s, seconds))
@@ -203,7 +217,8 @@ async def profiled(path: str, stack: Stack, concurrency: int, warmup_s: float, s
         # A daemon's children are its own (--subprocesses); this process's are the daemons.
         spies = [await asyncio.create_subprocess_exec(
             "py-spy", "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate",
-            str(PROFILE_RATE), "--format", "raw", "--nonblocking", "--output", str(files[name]),
+            str(PROFILE_RATE), "--format", "raw", "--output", str(files[name]),
+            *(("--native",) if native else ("--nonblocking",)),
             *(() if name == "load generator" else ("--subprocesses",)),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) for name, pid in pids.items()]
         await asyncio.gather(*(spy.wait() for spy in spies))
@@ -232,7 +247,8 @@ async def run(args: argparse.Namespace) -> None:
                 procs.log(f"{path}, {concurrency} clients")
                 cells.append(await measure(path, stack, concurrency, args.warmup, args.seconds))
                 if args.profile:
-                    files = await profiled(path, stack, concurrency, args.warmup, args.seconds, args.profile)
+                    files = await profiled(path, stack, concurrency, args.warmup, args.seconds, args.profile,
+                                           args.native)
                     profiles.append(report_profile(cells[-1], files))
     print(format_table(cells))
     for profile in profiles:
@@ -248,6 +264,9 @@ def main() -> None:
     parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="also profile each daemon with py-spy in a second window per cell; raw stacks to DIR")
+    parser.add_argument("--native", action="store_true",
+                        help="with --profile, C and Rust frames too (py-spy --native: it pauses a daemon at each "
+                             "sample)")
     args = parser.parse_args()
     if args.profile:
         if shutil.which("py-spy") is None:

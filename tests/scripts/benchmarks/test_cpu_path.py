@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from scripts.benchmarks.cpu_path import breakdown, format_breakdown, format_table, kind_of
+from scripts.benchmarks.cpu_path import WAITING, breakdown, format_breakdown, format_table, kind_of
 
 RAW = """\
 process 10:"python -m gateway";thread (0x1);run (asyncio/base_events.py:600);dumps (json/__init__.py:231) 6
 process 10:"python -m gateway";thread (0x1);run (asyncio/base_events.py:600);_run_once (asyncio/base_events.py:1890) 3
 process 10:"python -m gateway";thread (0x1);handle (gateway/app.py:40);packb (zbatch/protocol/payloads.py:80) 1
+process 10:"python -m gateway";thread (0x2);_main (worker/stages.py:9);take_gil (ceval_gil.c:300) 10
 """
 
 
@@ -31,13 +32,15 @@ def test_a_sample_is_the_kind_of_its_innermost_frame_that_names_one() -> None:
     assert kind_of(["handle (gateway/app.py:40)", "dumps (json/__init__.py:231)"]) == "JSON"
     assert kind_of(["pump (broker/server.py:10)"]) == "broker loop"
     assert kind_of(["<module> (somewhere.py:1)"]) == "other"
+    assert kind_of(["_main (worker/stages.py:9)", "encode (tokenizers.so)", "take_gil (ceval_gil.c:300)"]) == WAITING
 
 
-def test_the_breakdown_counts_samples_by_kind_and_by_function_and_prices_them() -> None:
+def test_the_breakdown_prices_the_busy_samples_by_kind_and_keeps_the_waits_apart() -> None:
     kinds, functions = breakdown(RAW.splitlines())
-    assert kinds == Counter({"JSON": 6, "event loop": 3, "msgpack": 1})
+    assert kinds == Counter({WAITING: 10, "JSON": 6, "event loop": 3, "msgpack": 1})
     assert functions.most_common(1) == [("dumps (json/__init__.py)", 6)]
     line = format_breakdown("gateway", 200.0, kinds, functions, top=1)
-    assert line.startswith("- **gateway** (10 samples, 200 µs a request): JSON 60% (120 µs), event loop 30% (60 µs), "
-                           "msgpack 10% (20 µs)")
-    assert "`dumps (json/__init__.py)` 60%" in line
+    assert line.splitlines() == [
+        "- **gateway** (10 busy samples, 200 µs a request): JSON 60% (120 µs), event loop 30% (60 µs), msgpack 10% "
+        "(20 µs)", "  - top functions: `dumps (json/__init__.py)` 60%",
+        "  - samples that were waits (no CPU, left out above): 50%"]
