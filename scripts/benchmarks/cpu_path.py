@@ -60,8 +60,9 @@ WAITING = "waiting, no CPU"
 # sample is the first kind found in its frames from the innermost outwards, and at each frame the first in this
 # order.  py-spy counts a thread busy by its state when it looks, so some waits show: they are kept apart.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (WAITING, ("take_gil", "futex", "sem_wait", "sem_timedwait", "pthread_cond", "epoll_wait", "epoll_pwait",
-               "nanosleep", "_Sleeping.__call__", "acquire (threading.py")),
+    (WAITING, ("take_gil", "futex", "sem_wait", "sem_timedwait", "pthread_cond", "PyThread_acquire_lock",
+               "epoll_wait", "epoll_pwait", "select_poll", "nanosleep", "_Sleeping.__call__",
+               "acquire (threading.py")),
     ("tokenizing", ("tokenizers", "tokenization_utils", "_tokenized")),
     ("msgpack", ("msgpack", "payloads.py")),
     ("JSON", ("json/", "_json.c", "orjson", "json.py", "dumps ", "loads ")),
