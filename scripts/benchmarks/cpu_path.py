@@ -107,10 +107,11 @@ class Stack:
 
 def start_stack(daemons: Daemons, batch_ms: float, item_ms: float) -> Stack:
     """A broker, one worker serving model ``simulated`` on :class:`EmbeddingSleepRunner` (batches of up to
-    :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front."""
+    :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front.  The worker
+    finds the runner by this module's import name, which ``python -m`` keeps in ``__spec__``."""
     broker = daemons.add(start_broker(daemons.log_dir))
     daemons.add(start_worker(broker, daemons.log_dir, "worker", env={COST_ENV: f"{batch_ms},{item_ms}"}, workers=1,
-                             torch_threads=1, task="python:scripts.benchmarks.cpu_path:EmbeddingSleepRunner",
+                             torch_threads=1, task=f"python:{__spec__.name}:{EmbeddingSleepRunner.__name__}",
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=free_port(),
                              tokenize_ahead="true", max_batch_size=MAX_BATCH))
     url = procs.start_deployed_gateway(daemons, broker)
