@@ -63,18 +63,22 @@ DIALECTS_PACKAGE = "gateway.dialects"
 def imported_modules(source: str, package: str) -> set[str]:
     """Every module ``source`` (a module of ``package``) imports, by full name: ``from a import b`` counts a.b too;
     relative imports are resolved."""
-    found: set[str] = set()
+    return set().union(*statement_imports(source, package))
+
+
+def statement_imports(source: str, package: str) -> list[set[str]]:
+    """What each import statement of ``source`` names, as :func:`imported_modules` counts it."""
+    statements: list[set[str]] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            statements.append({alias.name for alias in node.names})
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
+            statements.append({base, *(f"{base}.{alias.name}" for alias in node.names)})
+    return statements
 
 
 def dialect_crossings(sources: dict[str, str]) -> list[str]:
@@ -125,10 +129,11 @@ GATEWAY = ROOT / "gateway"
 GATEWAY_WIRING = frozenset({"gateway.app", "gateway.openapi"})
 
 
-def gateway_modules() -> dict[str, tuple[str, str]]:
-    """Every gateway module by full name, with the package its relative imports start from and its source."""
+def package_modules(folder: Path) -> dict[str, tuple[str, str]]:
+    """Every module of the package in ``folder`` by full name, with the package its relative imports start from
+    and its source."""
     modules = {}
-    for path in sorted(GATEWAY.rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         package = ".".join(parts[:-1])
         name = package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"
@@ -141,10 +146,14 @@ def import_graph(modules: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, (package, source) in modules.items():
         found = set()
-        for imported in imported_modules(source, package):
-            owner = imported if imported in modules else imported.rpartition(".")[0]  # from m import name
-            if owner in modules and owner != name:
-                found.add(owner)
+        for statement in statement_imports(source, package):
+            submodules = {imported for imported in statement if imported in modules}
+            for imported in statement:
+                if any(sub.startswith(f"{imported}.") for sub in submodules):
+                    continue  # from package import submodule: the submodule, not the package's other names
+                owner = imported if imported in modules else imported.rpartition(".")[0]  # from m import name
+                if owner in modules and owner != name:
+                    found.add(owner)
         graph[name] = found
     return graph
 
@@ -180,14 +189,15 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_shared_gateway_module_imports_a_dialect() -> None:
     """The dialects import the gateway's shared modules, never the other way: only the wiring mounts them."""
-    graph = import_graph(gateway_modules())
+    graph = import_graph(package_modules(GATEWAY))
     assert {DIALECTS_PACKAGE, f"{DIALECTS_PACKAGE}.tei", *GATEWAY_WIRING} <= set(graph)
     assert arrows_into_dialects(graph) == []
 
 
-def test_no_import_cycle_among_gateway_modules() -> None:
+@pytest.mark.parametrize("package", ["zbatch", "broker", "worker", "gateway"])
+def test_no_import_cycle_among_a_packages_modules(package: str) -> None:
     """Type-only and lazy imports count: a circle is two rooms a reader has to hold at once."""
-    assert import_cycles(import_graph(gateway_modules())) == []
+    assert import_cycles(import_graph(package_modules(ROOT / package))) == []
 
 
 @pytest.mark.parametrize("source", ["from gateway.dialects import routes_by_dialect", "from gateway import dialects",
@@ -204,3 +214,14 @@ def test_the_gateway_checks_see_an_arrow_into_the_dialects(source: str) -> None:
     assert import_cycles(graph)
     del modules["gateway.responses"]
     assert arrows_into_dialects(import_graph(modules)) == []
+
+
+def test_the_cycle_check_sees_a_type_only_circle_and_not_a_submodule_taken_from_its_package() -> None:
+    settings = {"w.config": ("w", "from w.model_settings import served_models"),
+                "w.model_settings": ("w", "if TYPE_CHECKING:\n    from w.config import WorkerConfig")}
+    assert import_cycles(import_graph(settings)) == [["w.config", "w.model_settings", "w.config"]]
+    package = {"w": ("w", "from w.base import load"), "w.base": ("w", "from w import device"),
+               "w.device": ("w", "")}
+    assert import_cycles(import_graph(package)) == []
+    package["w.base"] = ("w", "from w import load")  # a name the package itself defines: a circle
+    assert import_cycles(import_graph(package)) == [["w", "w.base", "w"]]

@@ -12,19 +12,54 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from worker.runners.runtime import check_settings
 from worker.runners.spec import ModelSpec, default_model_path
 from zbatch.hub import public_name
 from zbatch.runtime.settings import parse_entries
 
-if TYPE_CHECKING:
-    from worker.config import WorkerConfig
-
 GRAPH_SETTINGS = ("auto", "off")  # --cuda-graphs: the runner captures graphs (ModelSpec.cuda_graphs) or not
 SPEC_KEYS = {"name", "model", "revision", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size",
              "max_batch_delay_ms", "cuda_graphs", "default_prompt_name"}
+
+
+class ModelFlags(Protocol):
+    """The main model's flags as the worker's settings hold them (:class:`worker.config.WorkerConfig`, which
+    imports this module: the arrow runs one way)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def revision(self) -> str: ...
+    @property
+    def trust_remote_code(self) -> bool: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def quantize(self) -> str: ...
+    @property
+    def onnx_cache(self) -> str: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_batch_delay_ms(self) -> float: ...
+    @property
+    def cuda_graphs(self) -> str: ...
+    @property
+    def default_prompt_name(self) -> str: ...
+    @property
+    def extra_models(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +70,7 @@ class ServedModel:
     max_batch_delay_s: float
 
 
-def served_models(config: WorkerConfig) -> tuple[ServedModel, ...]:
+def served_models(config: ModelFlags) -> tuple[ServedModel, ...]:
     """The main model from the flags, then any ``--extra-models``; names must be unique (ValueError says why not).
 
     A spec's ``path`` is the model as set, a Hub id or a folder (``model_path`` and ``path=``: a folder),
@@ -51,7 +86,7 @@ def served_models(config: WorkerConfig) -> tuple[ServedModel, ...]:
     return tuple(models)
 
 
-def main_model(config: WorkerConfig) -> ServedModel:
+def main_model(config: ModelFlags) -> ServedModel:
     """The model of ``--model`` and the flags beside it, whose values the settings have checked already."""
     setting = config.model or (os.path.abspath(config.model_path) if config.model_path else "")
     spec = ModelSpec(config.model_name or public_name(setting), setting or default_model_path(), task=config.task,
