@@ -42,8 +42,8 @@ class GatewayConfig:
         "spread over the live ones)", check=check_endpoints
     )
     default_model: str = option("", "the model behind plain-text POST / (and TEI's routes, unless tei_model says "
-                                "otherwise); empty: the first of models, else the one model the brokers serve (with "
-                                "several and none named, POST / asks the caller to name one)")
+                                "otherwise); empty: the first of models, else the one model the brokers serve, or the "
+                                "one embeddings model among several (else POST / asks the caller to name one)")
     tei_model: str = option("", "model behind TEI's /embed, /embed_all, /similarity, /tokenize, /decode, /info "
                                 "and /health; empty: the default model")
     tei_sparse_model: str = option("", "model behind TEI's /embed_sparse (a sparse-embeddings model); empty: the "
