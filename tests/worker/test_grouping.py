@@ -6,7 +6,16 @@ import itertools
 
 import pytest
 
-from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.grouping import (
+    CALIBRATION_LONG,
+    CALIBRATION_ROUNDS,
+    CALIBRATION_RUNS,
+    CALIBRATION_SHORT,
+    NEVER_SPLIT,
+    CostModel,
+    calibrate,
+    plan_groups,
+)
 
 
 def total_cost(lengths: list[int], groups: list[list[int]], model: CostModel) -> float:
@@ -67,6 +76,34 @@ def test_no_time_is_modelled_without_a_calibration() -> None:
 
 def test_calibration_never_splits_when_tokens_cost_nothing() -> None:
     assert calibrate(lambda rows, tokens: 0.005) == NEVER_SPLIT
+
+
+def test_a_long_shape_timed_faster_than_the_short_one_is_timed_again_not_taken_for_a_verdict() -> None:
+    """A busy host's stolen time: every short run of the first round was slowed, the long ones were not."""
+    per_token, overhead = 0.0002, 0.015
+    calls: list[tuple[int, int]] = []
+
+    def seconds_for(rows: int, tokens: int) -> float:
+        calls.append((rows, tokens))
+        seconds = overhead + per_token * rows * tokens
+        first_round = len(calls) <= 2 * CALIBRATION_RUNS
+        return seconds + 1.0 if (rows, tokens) == CALIBRATION_SHORT and first_round else seconds
+
+    model = calibrate(seconds_for)
+    assert model.overhead_tokens == pytest.approx(overhead / per_token)
+    assert len(calls) == 4 * CALIBRATION_RUNS, "a second round, and no more"
+    assert calls[:2] == [CALIBRATION_SHORT, CALIBRATION_LONG], "the shapes in turn"
+
+
+def test_a_host_that_never_times_the_long_shape_slower_gets_a_model_that_never_splits() -> None:
+    calls: list[int] = []
+
+    def seconds_for(rows: int, tokens: int) -> float:
+        calls.append(rows)
+        return 0.002 if (rows, tokens) == CALIBRATION_LONG else 0.004
+
+    assert calibrate(seconds_for) == NEVER_SPLIT
+    assert len(calls) == 2 * CALIBRATION_RUNS * CALIBRATION_ROUNDS
 
 
 def test_a_packed_pass_is_modelled_as_one_fixed_cost_and_its_real_tokens() -> None:

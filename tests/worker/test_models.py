@@ -90,7 +90,11 @@ def test_length_groups_give_the_same_embeddings_in_input_order(embedder: Runner,
 
 
 def test_calibration_on_this_cpu_finds_that_padding_costs_more_than_a_split(embedder: Runner) -> None:
-    """On a CPU a padded token costs a measurable fraction of a forward pass, so mixed batches get split."""
+    """On a CPU a padded token costs a measurable fraction of a forward pass, so mixed batches get split.
+
+    It depends on the host giving the calibration's short and long passes, timed in turn, their share in one
+    of its rounds (:func:`worker.runners.grouping.calibrate` times them again while the long one is timed the
+    faster, which is how a busy host made this fail)."""
     model = embedder.cost_model  # type: ignore[attr-defined]
     assert 0 <= model.overhead_tokens < 16 * 64
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 CALIBRATION_SHORT = (1, 16)  # (rows, tokens) of the shape that shows the fixed cost
 CALIBRATION_LONG = (16, 64)  # and of one that shows the cost per token
 CALIBRATION_RUNS = 3
+CALIBRATION_ROUNDS = 3  # rounds of runs at most, while the longer shape times faster than the shorter
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +87,20 @@ def plan_groups(lengths: Sequence[int], model: CostModel) -> list[list[int]]:
 def calibrate(seconds_for: Callable[[int, int], float]) -> CostModel:
     """Fit the fixed cost from two timed shapes; ``seconds_for(rows, tokens)`` runs one padded batch.
 
-    Each shape is timed a few times and the fastest run kept, so one
-    scheduling hiccup does not skew the fit.  If the longer shape is not
-    measurably slower per token (a GPU), the model never splits.
+    The two shapes are timed in turn, a few times each, and each one's fastest run kept, so one scheduling
+    hiccup does not skew the fit and a stretch of contention slows both alike.  The longer shape has 64 times
+    the tokens of the shorter: timed faster than it, the host took the short runs' time away, and the
+    rounds are timed again (at most :data:`CALIBRATION_ROUNDS` times) rather than taking noise for a verdict.
+    If the longer shape is not measurably slower per token (a GPU), the model never splits.
     """
     (short_rows, short_tokens), (long_rows, long_tokens) = CALIBRATION_SHORT, CALIBRATION_LONG
-    short = min(seconds_for(short_rows, short_tokens) for _ in range(CALIBRATION_RUNS))
-    long = min(seconds_for(long_rows, long_tokens) for _ in range(CALIBRATION_RUNS))
+    short = long = float("inf")
+    for _ in range(CALIBRATION_ROUNDS):
+        for _ in range(CALIBRATION_RUNS):
+            short = min(short, seconds_for(short_rows, short_tokens))
+            long = min(long, seconds_for(long_rows, long_tokens))
+        if long >= short:
+            break
     extra_tokens = long_rows * long_tokens - short_rows * short_tokens
     per_token = (long - short) / extra_tokens
     if per_token <= 0:
