@@ -77,7 +77,7 @@ async def gpu(ctx: Context) -> None:
     clients = QUICK_CLIENTS if quick else CLIENTS
     warmup_s, duration_s = (0.5, 1.5) if quick else (2.0, 8.0)
     with Daemons() as daemons:
-        served = await _serve(daemons, path, name, "default")
+        served = await serve(daemons, path, name, "default")
         ctx.gpu_info["startup_s"] = served.startup_s
         for kind in ("http", "zmq"):
             for c in clients:
@@ -112,9 +112,9 @@ async def _shapes(ctx: Context, cuda: bool, quick: bool, warmup_s: float, durati
     shapes, loads = (SHAPES, SHAPE_LOADS) if cuda else ((E5_SMALL,), QUICK_SHAPE_LOADS)
     env = {} if cuda else {"ZBATCH_RUNTIME": "torch"}
     for shape in shapes:
-        folder = await asyncio.to_thread(shaped_model, shape, cache_root() / "shapes")
+        folder = await asyncio.to_thread(shaped_model, shape, cache_root() / "shapes", model_folder()[0])
         with Daemons() as daemons:
-            served = await _serve(daemons, str(folder), SHAPE_MODEL, f"shape-{shape.folder_name}", env=env)
+            served = await serve(daemons, str(folder), SHAPE_MODEL, f"shape-{shape.folder_name}", env=env)
             for clients, texts in loads:
                 procs.log(f"gpu: {shape.name}: {clients} clients x {texts} texts a request over HTTP")
                 result = await spread_closed_loop("http", served.target("http"), SHAPE_MODEL, clients, warmup_s,
@@ -144,15 +144,16 @@ class Served:
         return f"{self.url}/models/{self.model}" if kind == "http" else self.frontend
 
 
-async def _serve(daemons: Daemons, path: str, name: str, layout: str, *args: str,
-                 env: dict[str, str] | None = None) -> Served:
-    """``zbatch serve`` with the model at ``path`` and the ``ZBATCH_*`` settings of this run's environment (then
-    ``env``); it counts as started once an embedding comes back."""
-    port, frontend = free_port(), endpoint()
+async def serve(daemons: Daemons, path: str, name: str, layout: str, *args: str,
+                env: dict[str, str] | None = None, brokers: int = 1) -> Served:
+    """``zbatch serve`` with the model at ``path``, ``brokers`` brokers and the ``ZBATCH_*`` settings of this run's
+    environment (then ``env``); it counts as started once an embedding comes back."""
+    port = free_port()
+    frontend, backend = (",".join(endpoint() for _ in range(brokers)) for _ in range(2))
     started = time.monotonic()
     settings = {key: value for key, value in os.environ.items() if key.startswith("ZBATCH_")}  # the operator's
     daemon = daemons.add(spawn("zbatch", f"serve-{layout}", daemons.log_dir, "serve", *args, port=port,
-                               frontend=frontend, backend=endpoint(), interpreter=None,
+                               frontend=frontend, backend=backend, interpreter=None,
                                env=settings | (env or {}) | {"ZBATCH_MODEL_PATH": path, "ZBATCH_MODEL_NAME": name}))
     url = f"http://127.0.0.1:{port}"
     body = json.dumps({"inputs": "warm"}).encode()
@@ -186,7 +187,7 @@ def _post_status(url: str, body: bytes) -> int | None:
 async def _one_worker_per_gpu(ctx: Context, path: str, name: str, warmup_s: float, duration_s: float) -> None:
     """The rule for workers per GPU: one against the default, at the largest load, over HTTP."""
     with Daemons() as daemons:
-        served = await _serve(daemons, path, name, "one-per-gpu", "--workers-per-gpu", "1")
+        served = await serve(daemons, path, name, "one-per-gpu", "--workers-per-gpu", "1")
         c = CLIENTS[-2]
         procs.log(f"gpu: zbatch serve, 1 worker per GPU, over HTTP at {c} clients")
         result = await spread_closed_loop("http", served.target("http"), name, c, warmup_s, duration_s,

@@ -105,21 +105,28 @@ def log_time(line: str) -> float:
 async def chaos(ctx: Context) -> None:
     plan = QUICK_CHAOS if ctx.settings.quick else CHAOS
     env = accelerator.accelerator_env(tempfile.mkdtemp(prefix="zbatch-simulated-"), BATCH_MS, ITEM_MS, cold=COLD)
+    system = f"zbatch serve, 2 brokers, {WORKERS} workers, simulated accelerator"
+    ctx.rows.append(await run_chaos(plan, accelerator.MODEL, env, system, workers=WORKERS))
+
+
+async def run_chaos(plan: ChaosPlan, model: str, env: dict[str, str], system: str,
+                    **settings: object) -> dict[str, Any]:
+    """``plan`` against ``zbatch serve`` with two brokers serving ``model`` (its daemons get ``env``, the serve
+    its ``settings``); the row of what every request met."""
     with procs.running() as daemons:
-        served = daemons.add(spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, workers=WORKERS, env=env))
+        served = daemons.add(spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, env=env, **settings))
         await procs.blocking(daemons.wait, lambda: serves(served), "zbatch serve to serve")
         procs.log(f"chaos: {plan.clients} clients for {plan.duration_s:.0f} s; kill -9 of "
                   f"{', '.join(plan.victims)}, {plan.every_s:.0f} s apart")
         http = plan.clients - plan.clients // 4
-        url = f"{served.url}/models/{accelerator.MODEL}"
-        children = [*await start_children("http", url, accelerator.MODEL, http, 0.0, plan.duration_s, 3, 1,
-                                          "--records"),
-                    *await start_children("zmq", served.frontend, accelerator.MODEL, plan.clients // 4, 0.0,
+        url = f"{served.url}/models/{model}"
+        children = [*await start_children("http", url, model, http, 0.0, plan.duration_s, 3, 1, "--records"),
+                    *await start_children("zmq", served.frontend, model, plan.clients // 4, 0.0,
                                           plan.duration_s, 1, 1, "--records")]
         kills = await _kill_in_turn(served, plan)
         results = await collect(children)
         served.stop(120)
-    ctx.rows.append(_chaos_row(plan, results, kills))
+    return _chaos_row(plan, results, kills, system)
 
 
 async def _kill_in_turn(served: Daemon, plan: ChaosPlan) -> list[dict[str, Any]]:
@@ -143,7 +150,8 @@ async def _back(served: Daemon, kill: dict[str, Any]) -> float:
     return await procs.blocking(wait_ready_again, served, kill["victim"], kill["pid"], RESTART_WAIT_S)
 
 
-def _chaos_row(plan: ChaosPlan, results: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
+def _chaos_row(plan: ChaosPlan, results: list[dict[str, Any]], kills: list[dict[str, Any]],
+               system: str) -> dict[str, Any]:
     records = records_of(results)
     abandoned = sum(result["abandoned"] for result in results)
     edges = [min(result["started"] for result in results), *(kill["at"] for kill in kills), float("inf")]
@@ -155,7 +163,6 @@ def _chaos_row(plan: ChaosPlan, results: list[dict[str, Any]], kills: list[dict[
                         "at_s": round(start - edges[0], 1), "back_s": kill["back_s"] if kill else None,
                         **tally(inside)})
     totals = tally(records, abandoned)
-    system = f"zbatch serve, 2 brokers, {WORKERS} workers, simulated accelerator"
     return row("chaos", system, plan.clients, merge(results, 1), windows=windows, kills=len(kills), **totals,
                http_clients=plan.clients - plan.clients // 4, zmq_clients=plan.clients // 4)
 
@@ -179,8 +186,8 @@ async def staggered(ctx: Context) -> None:
         await procs.blocking(accelerator.open_gates, gates, STAGGER_S, START_TIMEOUT_S)
         procs.log(f"staggered: {WORKERS} workers registering {STAGGER_S} s apart; {clients} clients from /readyz")
         results = await collect(children)
-        registered = _registrations(daemons["broker"])
-    ctx.rows.append(_staggered_row(clients, results, registered))
+        registered = registrations(daemons["broker"])
+    ctx.rows.append(staggered_row(clients, results, registered))
 
 
 def _start_front(daemons: Daemons, folder: str) -> Daemon:
@@ -190,13 +197,16 @@ def _start_front(daemons: Daemons, folder: str) -> Daemon:
                                      env=accelerator.accelerator_env(folder, BATCH_MS, ITEM_MS)))
 
 
-def _registrations(broker: Daemon) -> list[float]:
-    """When the broker registered each worker (time.time(), from its log), in order."""
+def registrations(broker: Daemon) -> list[float]:
+    """When the broker registered each worker (time.time(), from its log or ``zbatch serve``'s), in order."""
     lines = broker.log_path.read_text(errors="replace").splitlines()
     return sorted(log_time(line) for line in lines if re.search(r"worker \S+ registered: ", line))
 
 
-def _staggered_row(clients: int, results: list[dict[str, Any]], registered: list[float]) -> dict[str, Any]:
+def staggered_row(clients: int, results: list[dict[str, Any]], registered: list[float],
+                  system: str = f"{WORKERS} workers registering {STAGGER_S:g} s apart, simulated accelerator",
+                  ) -> dict[str, Any]:
+    """The staggered start's row: every answer placed against the last registration."""
     records = records_of(results)
     ready = min(result["started"] for result in results)
     last = registered[-1]
@@ -209,7 +219,7 @@ def _staggered_row(clients: int, results: list[dict[str, Any]], registered: list
         answered = [r for r in records if r[1] >= since]
         return sum(r[2] == "ok" for r in answered) / len(answered) if answered else None
 
-    return row("staggered", f"{WORKERS} workers registering {STAGGER_S:g} s apart, simulated accelerator", clients,
+    return row("staggered", system, clients,
                merge(results, 1), phases=by_phase, share_ok_after_1s=share(last + 1.0),
                share_ok_after_2s=share(last + 2.0), registered_s=[round(t - ready, 2) for t in registered],
                **tally(records, sum(result["abandoned"] for result in results)))

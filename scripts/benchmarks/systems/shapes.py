@@ -39,9 +39,10 @@ BERT_BASE = Shape("a base-size BERT (12 x 768)", 12, 768, 12, 3072)
 WEIGHTS = ("*.safetensors", "*.bin", "*.onnx", "*.pt", "onnx", "openvino")
 
 
-def shaped_model(shape: Shape, root: Path) -> Path:
-    """The folder of a model of ``shape`` in ``root`` (built on the first call, then kept): the bundled model's
-    tokenizer, config and modules with ``shape``'s layers and widths, and weights drawn from a fixed seed."""
+def shaped_model(shape: Shape, root: Path, base: str | None = None) -> Path:
+    """The folder of a model of ``shape`` in ``root`` (built on the first call, then kept): the tokenizer, config
+    and modules of ``base`` (default: the bundled model) with ``shape``'s layers and widths, and weights drawn
+    from a fixed seed."""
     folder = root / shape.folder_name
     if (folder / "model.safetensors").exists():
         return folder
@@ -50,7 +51,7 @@ def shaped_model(shape: Shape, root: Path) -> Path:
 
     print(f"[shapes {time.strftime('%H:%M:%S')}] building {shape.name} with random weights in {folder}",
           file=sys.stderr, flush=True)
-    bundled = Path(default_model_path())
+    bundled = Path(base or default_model_path())
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(bundled, partial, ignore=shutil.ignore_patterns(*WEIGHTS))
