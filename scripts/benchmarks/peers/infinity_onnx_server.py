@@ -1,11 +1,19 @@
-"""Infinity with ``--engine optimum``: the same server, the model run by ONNX Runtime through Hugging Face Optimum.
+"""Infinity with ``--engine optimum``, started by its own ``infinity_emb v2`` command, as a user starts it.
 
-What a CPU user picks for speed.  Infinity's optimum engine loads an ONNX file from the model's folder
-(it exports nothing itself for a local folder), so this script first does what its documentation asks
-of the user: Optimum's exporter (``optimum-cli export onnx``'s ``main_export``) writes ``model.onnx``
-into a copy of the folder (links to the model's files) under the bench's cache, once.  Infinity then has
-Optimum's ORTOptimizer fuse the graph (its level 99) and pools and normalizes with numpy.  Everything else is
-:mod:`scripts.benchmarks.peers.infinity_server`'s.
+What a CPU user picks for speed: the model run by ONNX Runtime through Hugging Face Optimum.  Infinity's
+optimum engine loads an ONNX file from the model's folder (it exports nothing itself for a local folder),
+so this script first does what its documentation asks of the user: Optimum's exporter
+(``optimum-cli export onnx``'s ``main_export``) writes ``model.onnx`` into a copy of the folder (links to
+the model's files) under the bench's cache, once.  Then it replaces itself (``exec``, so the harness's pid,
+signals and CPU meter stay the server's) with the venv's ``infinity_emb v2 --model-id . --engine optimum
+--pooling-method mean --batch-size 32 --device cpu`` (:func:`command`), run from inside that folder: the
+command of the issue that compares it, plus where to listen and the name to serve under.  Infinity then asks
+Optimum's ORTOptimizer to fuse the graph (its level 99); with the optimum-onnx that its ``optimum`` extra
+installs now, that call fails (its log says "Optimization failed") and infinity serves the exported graph,
+which ONNX Runtime optimizes on load at its default level, as it would for a user who ran the same command.
+It pools and normalizes with numpy, uvicorn serving on uvloop and httptools at the CLI's default log level.
+Threads: ``OMP_NUM_THREADS`` and its kin are :data:`~scripts.benchmarks.peers.TORCH_THREADS`, as for every peer; ONNX
+Runtime's own pool, which no infinity flag sets, takes one thread per physical core, the two of this host.
 """
 
 from __future__ import annotations
@@ -17,8 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scripts.benchmarks.peers import MAX_TOKENS, arguments
-from scripts.benchmarks.peers.infinity_server import main
+from scripts.benchmarks.peers import MAX_BATCH, MAX_TOKENS, MODEL_NAME, arguments, limit_threads
 
 
 def exported_folder(model: str) -> str:
@@ -48,10 +55,29 @@ def exported_folder(model: str) -> str:
     return str(folder)
 
 
-if __name__ == "__main__":
+def command(port: int, python: str = sys.executable) -> list[str]:
+    """The ``infinity_emb v2`` command line of the venv of ``python``, serving the folder it runs in on ``port``.
+
+    The model is ``.``: infinity 0.0.78 names the ONNX file by the path it globbed in the folder, and Optimum 2
+    wants it relative to the folder.
+    """
+    return [str(Path(python).with_name("infinity_emb")), "v2", "--model-id", ".", "--engine", "optimum",
+            "--pooling-method", "mean", "--batch-size", str(MAX_BATCH), "--device", "cpu",
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def main() -> None:
+    """Export the model if needed, then become infinity's CLI serving it."""
     args = arguments(__doc__.splitlines()[0])
-    # infinity 0.0.78 names the ONNX file by the path it globbed in the folder, and Optimum 2 wants it relative
-    # to the folder: serve the folder as "." from inside it.
-    os.chdir(exported_folder(args.model))
-    sys.argv[sys.argv.index("--model") + 1] = "."
-    main("optimum")
+    folder = exported_folder(args.model)
+    limit_threads()
+    os.environ["DO_NOT_TRACK"] = "1"  # no usage statistics sent anywhere
+    os.environ["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"
+    os.chdir(folder)
+    cli = command(args.port)
+    sys.stdout.flush()
+    os.execv(cli[0], cli)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,9 +17,8 @@ import os
 from scripts.benchmarks.peers import MAX_BATCH, MODEL_NAME, TORCH_THREADS, arguments, limit_threads
 
 
-def main(engine: str = "torch") -> None:
-    """Serve with ``engine``: ``torch`` (sentence-transformers' modules in PyTorch) or ``optimum`` (ONNX Runtime,
-    :mod:`scripts.benchmarks.peers.infinity_onnx_server`)."""
+def main() -> None:
+    """Serve the model with infinity's torch engine (sentence-transformers' modules in PyTorch)."""
     args = arguments(__doc__.splitlines()[0])
     limit_threads()
     os.environ["DO_NOT_TRACK"] = "1"  # no usage statistics sent anywhere
@@ -31,10 +30,8 @@ def main(engine: str = "torch") -> None:
     from infinity_emb.infinity_server import create_server
 
     torch.set_num_threads(TORCH_THREADS)
-    # the optimum engine reads no sentence-transformers modules: it is told the model's mean pooling
-    pooling = {"pooling_method": "mean"} if engine == "optimum" else {}
     engine = EngineArgs(model_name_or_path=args.model, served_model_name=MODEL_NAME, batch_size=MAX_BATCH,
-                        engine=engine, device="cpu", dtype="float32", bettertransformer=False, **pooling)
+                        engine="torch", device="cpu", dtype="float32", bettertransformer=False)
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     uvicorn.run(create_server(engine_args_list=[engine]), host="127.0.0.1", port=args.port, log_level="warning",
                 http="httptools", loop="uvloop")

@@ -66,8 +66,9 @@ PEERS = (
     Peer("infinity_onnx", "Infinity, --engine optimum", "infinity-emb", ("infinity-emb[server,optimum,torch]==0.0.78",),
          "/embeddings", "/health", lambda text: {"model": MODEL_NAME, "input": [text]},
          lambda answer: answer["data"][0]["embedding"],
-         "the same server with engine optimum: the model exported to ONNX by Hugging Face Optimum and run by ONNX "
-         "Runtime (what infinity offers CPU users for speed); batch 32, 5 ms batch_delay"),
+         "its own CLI, `infinity_emb v2 --model-id . --engine optimum --pooling-method mean --batch-size 32 "
+         "--device cpu`, in a folder holding the model exported to ONNX by Hugging Face Optimum: ONNX Runtime "
+         "(what infinity offers CPU users for speed), 5 ms batch_delay"),
     Peer("mosec", "mosec", "mosec", ("mosec==0.9.8", TRANSFORMERS), "/inference", "/", gateway_body,
          lambda answer: answer, "its Rust HTTP server and batcher (max_batch_size 32, max_wait_time 5 ms), one "
          "Python worker process, default JSON"),
