@@ -109,7 +109,8 @@ def collect_off_the_hot_path(log: logging.Logger) -> int:
     """Once the daemon serves: collect once, freeze what is left and collect the young generation less often.
 
     ``gc.freeze`` moves every object alive after the start into the permanent generation, which no collection
-    walks again: the start's objects live as long as the process, so walking them was pure cost.  Collecting
+    walks again: the start's objects live as long as the process, so walking them was pure cost (one that dies
+    later is still freed by refcounting; in a cycle it stays, a leak no larger than the start's heap).  Collecting
     first keeps the start's own garbage out of it.  A young collection costs in proportion to the young objects
     still alive, which on a serving path are the requests in flight; collecting it after :data:`YOUNG_THRESHOLD`
     allocations rather than a few hundred pays that cost far less often, and promotes fewer in-flight objects
