@@ -37,7 +37,8 @@ OWN_WORDS = {
     "workers": "worker processes on this host (zbatch serve starts them, and tells each how many there are)",
     "host": "the address the gateway listens on (zbatch serve passes it to its gateway)",
     "port": "the gateway's TCP port (zbatch serve passes it to its gateway)",
-    "processes": "the gateway's processes (zbatch serve passes it to its gateway)",
+    "processes": "the gateway's processes (zbatch serve passes it to its gateway; for 0, its own choice on a "
+                 "host with GPUs, the gateway's default without)",
     "model": "the model the workers serve (zbatch serve downloads it once and passes it to its workers)",
     "revision": "the Hub model's revision (as model)",
     "model_name": "the name the model is served as (as model; zbatch serve's gateway takes it as its default)",

@@ -76,6 +76,22 @@ def endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
+def free_port_run(count: int, tries: int = 100) -> int:
+    """The first of ``count`` TCP ports in a row on 127.0.0.1 that nothing listens on right now."""
+    for _ in range(tries):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            start = int(first.getsockname()[1])
+            try:
+                for port in range(start + 1, start + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return start
+    raise DaemonFailure(f"no {count} free TCP ports in a row on 127.0.0.1 after {tries} tries")
+
+
 def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str,
                log: Callable[[], str] = str) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
@@ -306,16 +322,28 @@ def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env
 
 
 def spawn_serve(log_dir: Path, name: str = "zbatch-serve", /, *args: str, brokers: int = 1,
-                env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
+                derive_ports: bool = False, env: Mapping[str, str] | None = None, **settings: object) -> Daemon:
     """``zbatch serve`` with ``brokers`` brokers and its gateway on free ports; no wait (see :func:`serves`).
 
+    The brokers' endpoints are listed, or with ``derive_ports`` one frontend and one backend on a run of free
+    ports and ``--brokers``, so that ``zbatch serve`` derives the others (broker i on each port + 2i).
     Its daemons log into its own log, each line under its name and pid.  The endpoints: ``url`` (the
     gateway), ``frontend`` (the brokers' frontends, comma-separated, as a client of all of them takes them).
     """
-    frontends, backends = [endpoint() for _ in range(brokers)], [endpoint() for _ in range(brokers)]
+    if derive_ports:
+        first = free_port_run(2 * brokers)
+        frontends = [f"tcp://127.0.0.1:{first + 2 * i}" for i in range(brokers)]
+        backends = [f"tcp://127.0.0.1:{first + 2 * i + 1}" for i in range(brokers)]
+        settings |= {"frontend": frontends[0], "backend": backends[0], "brokers": brokers}
+        taken = range(first, first + 2 * brokers)
+    else:
+        frontends, backends = [endpoint() for _ in range(brokers)], [endpoint() for _ in range(brokers)]
+        settings |= {"frontend": ",".join(frontends), "backend": ",".join(backends)}
+        taken = range(0)
     port = free_port()
-    daemon = spawn("zbatch", name, log_dir, "serve", *args, env=env, interpreter=None, port=port,
-                   frontend=",".join(frontends), backend=",".join(backends), **settings)
+    while port in taken:
+        port = free_port()
+    daemon = spawn("zbatch", name, log_dir, "serve", *args, env=env, interpreter=None, port=port, **settings)
     daemon.endpoints |= {"url": f"http://127.0.0.1:{port}", "frontend": ",".join(frontends)}
     return daemon
 

@@ -171,3 +171,29 @@ def test_a_worker_that_cannot_start_is_restarted_with_growing_delays(log_dir: Pa
         assert "serving on" not in log, "the stack never served as a whole"
     finally:
         assert served.daemon.stop(60) == 0, served.daemon.log()
+
+
+def test_brokers_derived_from_one_endpoint_each_answer_through_the_gateway(log_dir: Path) -> None:
+    """``--brokers 2`` with one frontend and one backend endpoint: ``zbatch serve`` starts a second broker on each
+    port + 2, gives the gateway and the worker both, and requests sent to the gateway are answered over each."""
+    served = serve(log_dir, brokers=2, derive_ports=True, workers=1, processes=1)
+    try:
+        wait_for_log(served, r"serving on http://", "the stack to serve")
+        log = served.log()
+        assert "fronts: 2 brokers and 1 gateway process (brokers as set; gateway processes as set)" in log, log
+        assert re.search(r"2 brokers, 1 worker and the gateway in 1 process are serving on http://", log), log
+        frontends = served.frontend.split(",")
+
+        def answered(frontend: str) -> int:
+            stats = broker_stats(frontend) or {"models": {}}
+            return int(stats["models"].get(DEFAULT_MODEL_NAME, {}).get("requests", {}).get("ok", 0))
+
+        with Load(f"{served.url}/models/{DEFAULT_MODEL_NAME}", concurrency=4) as load:
+            wait_until(lambda: all(answered(frontend) > 0 for frontend in frontends), START_TIMEOUT_S,
+                       "answers over each broker", served.daemon.log)
+        summary = load.summary()
+        print(f"\n2 brokers from one endpoint: {summary['answered']} answered, by broker "
+              f"{[answered(frontend) for frontend in frontends]}")
+        assert summary["by_code"] == {"ok": summary["answered"]} and summary["answered"] == summary["sent"], summary
+    finally:
+        assert served.daemon.stop(120) == 0, served.daemon.log()

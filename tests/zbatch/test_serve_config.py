@@ -28,7 +28,7 @@ def test_defaults_are_scripts_serves() -> None:
     config = load_config([], {})
     assert config == ServeConfig()
     assert (config.workers, config.port, config.host, config.processes) == (2, 8000, "127.0.0.1", 0)
-    assert config.brokers == [("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556")]
+    assert stack.place(config, NO_GPUS).fronts.endpoints == (("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"),)
 
 
 def test_settings_come_from_flags_variables_and_the_serve_table(tmp_path: Path) -> None:

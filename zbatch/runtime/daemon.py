@@ -13,7 +13,10 @@ stages the way uvicorn's ``Server`` shuts down:
    to ``__main__``, which turns an OSError or ValueError into one line;
 2. the ``/metrics`` page, when the service has a port for it;
 3. ready: READY=1 for systemd once :meth:`Service.ready` returns (the worker:
-   model loaded *and* registered with the broker); serving has begun already;
+   model loaded *and* registered with the broker); serving has begun already.
+   Just before, the garbage collector collects once, freezes what the start
+   left alive and collects its young generation less often
+   (:func:`zbatch.runtime.memory.collect_off_the_hot_path`);
 4. serve until the first SIGTERM or SIGINT;
 5. drain: STOPPING=1, then :meth:`Service.drain`, which finishes what was
    accepted within the daemon's own deadline;
@@ -204,6 +207,7 @@ class _Lifecycle:
             if ready.done():
                 ready.result()  # a ready() that raises is a bug: it ends the daemon with its traceback
                 if not self.stopping.is_set():
+                    memory.collect_off_the_hot_path(self.log)  # the start's objects live on: freeze them
                     self.notifier.ready()
             await stop
         finally:

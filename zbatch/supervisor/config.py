@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import check_endpoints, load, option, split_endpoints
+from zbatch.supervisor import layout
 from zbatch.supervisor.gpus import check_gpus
+from zbatch.supervisor.layout import FrontLayout, Fronts, front_layout, resolve_fronts
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,17 @@ class ServeConfig:
                                      "one, and more than 4 served less; BENCHMARKS.md, GPU)", minimum=0)
     host: str = option("127.0.0.1", "address the gateway listens on")
     port: int = option(8000, "TCP port the gateway listens on", minimum=1)
-    processes: int = option(0, "gateway processes sharing the port; 0: the gateway's default (one per core, "
-                               "at most 4)", minimum=0)
+    processes: int = option(0, f"gateway processes sharing the port; 0: auto, the gateway's own default (one per "
+                               f"core, at most {layout.GATEWAY_MAX_AUTO_PROCESSES}) on a host without GPUs, and with "
+                               f"GPUs one for every {layout.CORES_PER_GATEWAY_PROCESS} of the host's cores, 1 to "
+                               f"{layout.MAX_GATEWAY_PROCESSES} (zbatch/supervisor/layout.py says why)", minimum=0)
+    brokers: int = option(0, f"brokers to start; with one frontend and backend endpoint set, broker i binds their "
+                             f"ports + {layout.PORT_STEP}i (5555/5556, 5557/5558, ...), and a list of several "
+                             f"endpoints is that many brokers; 0: auto, one, or {layout.GPU_HOST_BROKERS} on a host "
+                             f"with GPUs and {layout.CORES_FOR_MORE_BROKERS} cores or more", minimum=0)
     frontend: str = option("tcp://127.0.0.1:5555", "the brokers' frontend endpoints, comma-separated: one broker "
-                           "is started for each, and the gateway spreads requests over them", check=check_endpoints)
+                           "is started for each (or brokers from one), and the gateway spreads requests over them",
+                           check=check_endpoints)
     backend: str = option("tcp://127.0.0.1:5556", "the brokers' worker endpoints, comma-separated, one for each "
                           "frontend and in the same order; every worker registers with each broker",
                           check=check_endpoints)
@@ -64,14 +73,18 @@ class ServeConfig:
         if len(frontends) != len(backends):
             raise ValueError(f"frontend lists {len(frontends)} endpoints and backend {len(backends)}: each broker "
                              f"needs one of each, in the same order")
+        if self.brokers:  # auto is checked once the host is known (fronts), a setting at once
+            resolve_fronts(frontends, backends, self.brokers, self.processes, self.port, FrontLayout(1, 0, ""))
         if self.restart_max_delay_ms < self.restart_delay_ms:
             raise ValueError(f"restart_max_delay_ms ({self.restart_max_delay_ms}) is below restart_delay_ms "
                              f"({self.restart_delay_ms}); raise it or lower restart_delay_ms")
 
-    @property
-    def brokers(self) -> list[tuple[str, str]]:
-        """Each broker's (frontend, backend)."""
-        return list(zip(split_endpoints(self.frontend), split_endpoints(self.backend), strict=True))
+    def fronts(self, cores: int, gpus: int) -> Fronts:
+        """The brokers and gateway processes to start on a host of ``cores`` cores and ``gpus`` GPUs with workers:
+        the settings, and :func:`~zbatch.supervisor.layout.front_layout` where they say auto.  Raises ValueError
+        where auto's brokers cannot have the ports derived for them."""
+        return resolve_fronts(split_endpoints(self.frontend), split_endpoints(self.backend), self.brokers,
+                              self.processes, self.port, front_layout(cores, gpus))
 
 
 def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from zbatch.hub import CONFIG_EXIT_CODE, Fetched, ModelUnavailable, fetch, is_hub_id
 from zbatch.runtime.logs import setup_logging
 from zbatch.supervisor.config import ServeConfig, load_config
-from zbatch.supervisor.policy import Backoff, Supervision
+from zbatch.supervisor.policy import BAD_SETTINGS_EXIT, Backoff, Supervision
 from zbatch.supervisor.shell import Shell, child_watchdog_s
-from zbatch.supervisor.stack import STOP_ORDER, build, worker_devices
+from zbatch.supervisor.stack import STOP_ORDER, Placement, build, place
 
 log = logging.getLogger("zbatch.serve")
 
@@ -40,22 +40,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     config = load_config(argv)
     setup_logging("zbatch-serve", config.log_level, config.log_format)
-    devices = worker_devices(config, os.environ)
-    fetched = fetch_model(config) if devices else None
-    stack = build(config, os.environ, _config_flag(argv), fetched)
+    try:
+        placement = place(config, os.environ)
+    except ValueError as exc:  # before any download: the same one line and status as any bad setting
+        sys.stderr.write(f"zbatch serve: error: {exc}\n")
+        sys.exit(BAD_SETTINGS_EXIT)
+    fetched = fetch_model(config) if placement.devices else None
+    stack = build(config, os.environ, _config_flag(argv), fetched, placement)
     supervision = Supervision(
         stack.units, STOP_ORDER,
         Backoff(config.restart_delay_ms / 1000, config.restart_max_delay_ms / 1000, config.restart_reset_ms / 1000),
         watchdog_s=child_watchdog_s(),
     )
     shell = Shell("zbatch-serve", supervision, stack.programs, log,
-                  stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP), serving=lambda: serving_line(config))
-    brokers = len(config.brokers)
+                  stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
+                  serving=lambda: serving_line(config, placement))
+    log.info("starting %s and the gateway on port %d; fronts: %s; SIGTERM or Ctrl-C stops them",
+             started(placement), config.port, placement.fronts.describe())
+    sys.exit(asyncio.run(shell.run()))
+
+
+def started(placement: Placement) -> str:
+    """``2 brokers, 4 workers on 1 GPU (cuda:0)``: what ``zbatch serve`` starts besides the gateway."""
+    brokers, devices = len(placement.fronts.endpoints), placement.devices
     gpus = sorted(set(devices) - {""})
     on = f" on {len(gpus)} GPU{'' if len(gpus) == 1 else 's'} ({', '.join(gpus)})" if gpus else ""
-    log.info("starting %d broker%s, %d worker%s%s and the gateway on port %d; SIGTERM or Ctrl-C stops them",
-             brokers, "" if brokers == 1 else "s", len(devices), "" if len(devices) == 1 else "s", on, config.port)
-    sys.exit(asyncio.run(shell.run()))
+    return f"{brokers} broker{'' if brokers == 1 else 's'}, {len(devices)} worker{'' if len(devices) == 1 else 's'}{on}"
 
 
 def fetch_model(config: ServeConfig) -> Fetched | None:
@@ -78,10 +88,13 @@ def fetch_model(config: ServeConfig) -> Fetched | None:
     return fetched
 
 
-def serving_line(config: ServeConfig) -> str:
+def serving_line(config: ServeConfig, placement: Placement) -> str:
+    """The line logged once the whole stack serves: where, with what, and a request to try."""
     host = f"[{config.host}]" if ":" in config.host else config.host
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else host
-    return (f"serving on http://{host}:{config.port}; try: "
+    processes = placement.fronts.gateway_processes
+    gateway = f"the gateway in {processes} process{'' if processes == 1 else 'es'}" if processes else "the gateway"
+    return (f"{started(placement)} and {gateway} are serving on http://{host}:{config.port}; try: "
             f"curl -X POST -d 'hello world' http://{local}:{config.port}/")
 
 

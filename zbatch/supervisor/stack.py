@@ -26,6 +26,7 @@ from zbatch.hub import Fetched, is_hub_id, public_name
 from zbatch.runtime.settings import CONFIG_ENV, env_name
 from zbatch.supervisor.config import ServeConfig
 from zbatch.supervisor.gpus import gpu_devices, workers_per_gpu
+from zbatch.supervisor.layout import Fronts
 from zbatch.supervisor.policy import STOP_MARGIN_S, Unit
 from zbatch.supervisor.shell import Program
 
@@ -41,42 +42,62 @@ class Stack:
     programs: dict[str, Program]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How many of each daemon run where: each worker's ``--device`` ("": unpinned), the brokers and the
+    gateway's processes, with why those."""
+
+    devices: list[str]
+    fronts: Fronts
+
+
+def place(config: ServeConfig, environ: Mapping[str, str], cores: int | None = None) -> Placement:
+    """``config``'s daemons on a host of ``cores`` cores (by default, this one's) and the GPUs ``environ`` shows.
+
+    Raises ValueError where the brokers auto chooses cannot be given ports (:meth:`ServeConfig.fronts`).
+    """
+    cores = cores or host_cores()
+    devices = worker_devices(config, environ, cores)
+    return Placement(devices, config.fronts(cores, len(set(devices) - {""})))
+
+
 def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | None = None,
-          fetched: Fetched | None = None) -> Stack:
+          fetched: Fetched | None = None, placement: Placement | None = None) -> Stack:
     """The units of ``config``'s stack and how to run each; ``config_file`` is ``zbatch serve --config``'s,
-    ``fetched`` where ``config.model`` is on disk (:func:`zbatch.hub.fetch`)."""
+    ``fetched`` where ``config.model`` is on disk (:func:`zbatch.hub.fetch`), ``placement`` :func:`place`'s
+    (found here by default)."""
+    placement = placement or place(config, environ)
+    devices, fronts = placement.devices, placement.fronts
     config_file = config_file or environ.get(CONFIG_ENV) or None
     env = {CONFIG_ENV: os.path.abspath(config_file)} if config_file else {}
 
     def setting(section: str, name: str, default: int) -> int:
         return daemon_setting(section, name, default, environ, config_file)
 
-    brokers = config.brokers
     broker_s = setting("broker", "drain_timeout_ms", BROKER_DRAIN_MS) / 1000 + STOP_MARGIN_S
     worker_s = setting("worker", "drain_timeout_ms", WORKER_DRAIN_MS) / 1000 + STOP_MARGIN_S
     # The gateway with several processes supervises them with the same margin: one more for it.
     gateway_s = (setting("gateway", "timeout_ms", GATEWAY_TIMEOUT_MS) + REPLY_GRACE_MS) / 1000 + 2 * STOP_MARGIN_S
     units: list[Unit] = []
     programs: dict[str, Program] = {}
-    for i, (frontend, backend) in enumerate(brokers):
-        name = "broker" if len(brokers) == 1 else f"broker-{i}"
+    for i, (frontend, backend) in enumerate(fronts.endpoints):
+        name = "broker" if len(fronts.endpoints) == 1 else f"broker-{i}"
         units.append(Unit(name, "broker", broker_s))
         programs[name] = Program(_module("broker", "--frontend", frontend, "--backend", backend), env)
-    devices = worker_devices(config, environ)
     model = model_flags(config, fetched)
     for i, device in enumerate(devices):
         name = f"worker-{i}"
         units.append(Unit(name, "worker", worker_s, after=("broker",)))
         pinned = ("--device", device) if device else ()
-        programs[name] = Program(_module("worker", "--name", name, "--backend", config.backend,
+        programs[name] = Program(_module("worker", "--name", name, "--backend", fronts.backends,
                                          "--workers", str(len(devices)), *pinned, *model), env)
     units.append(Unit("gateway", "gateway", gateway_s, after=("broker",)))
     served = served_name(config)
     explicit = daemon_text("gateway", "default_model", environ, config_file)
     default = ("--default-model", served) if served and not explicit else ()
     programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
-                                          "--frontend", config.frontend, "--processes", str(config.processes),
-                                          *default), env)
+                                          "--frontend", fronts.frontends, "--processes",
+                                          str(fronts.gateway_processes), *default), env)
     return Stack(units, programs)
 
 
@@ -101,7 +122,12 @@ def served_name(config: ServeConfig) -> str:
     return config.model_name or (public_name(config.model) if config.model else "")
 
 
-def worker_devices(config: ServeConfig, environ: Mapping[str, str]) -> list[str]:
+def host_cores() -> int:
+    """The host's cores, which the GPU hosts' defaults (workers per GPU, the fronts) are counted from."""
+    return os.cpu_count() or 1
+
+
+def worker_devices(config: ServeConfig, environ: Mapping[str, str], cores: int | None = None) -> list[str]:
     """Each worker's ``--device``: ``workers_per_gpu`` on each GPU (:mod:`zbatch.supervisor.gpus`), or
     ``workers`` unpinned ones ("") on a host without GPUs, with ``gpus`` none, or where ZBATCH_DEVICE is set."""
     if config.workers == 0:
@@ -110,7 +136,7 @@ def worker_devices(config: ServeConfig, environ: Mapping[str, str]) -> list[str]
     devices = gpu_devices(gpus, environ)
     if not devices:
         return [""] * config.workers
-    per_gpu = config.workers_per_gpu or workers_per_gpu(os.cpu_count() or 1, len(devices))
+    per_gpu = config.workers_per_gpu or workers_per_gpu(cores or host_cores(), len(devices))
     return [device for device in devices for _ in range(per_gpu)]
 
 
