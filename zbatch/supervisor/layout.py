@@ -22,8 +22,8 @@ chooses from the host:
   cores with the workers and the clients, so more than the cores allow
   serve less, not more.
 
-The constants are provisional until a GPU measurement sets them; the figures
-that justify them belong in BENCHMARKS.md, not here.
+The constants come from a measurement of these layouts on a GPU host
+(BENCHMARKS.md, "One H200, 2026-11-27"), whose figures stay there.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 CORES_FOR_MORE_BROKERS = 16  # a host with GPUs and at least these cores runs GPU_HOST_BROKERS brokers
 GPU_HOST_BROKERS = 2
-CORES_PER_GATEWAY_PROCESS = 4  # with GPUs: one gateway process for every this many of the host's cores
+CORES_PER_GATEWAY_PROCESS = 2  # with GPUs: one gateway process for every this many of the host's cores
 MAX_GATEWAY_PROCESSES = 8
 GATEWAY_DEFAULT = 0  # processes = 0: the gateway's own default, one per core, at most the next
 GATEWAY_MAX_AUTO_PROCESSES = 4  # gateway/config.py: MAX_AUTO_PROCESSES (the supervisor imports no daemon)
