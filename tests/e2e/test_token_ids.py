@@ -84,9 +84,9 @@ def test_hostile_ids_each_get_one_clear_answer_beside_normal_traffic(broker: Dae
     ]
     bodies: list[dict[str, Any]] = []
     expected: list[str | None] = []  # None: a normal request, which must succeed
-    for body, message in hostile:
+    for body, refusal in hostile:
         bodies += [{"inputs": ["a normal request"]}, body, {"inputs": [good]}]
-        expected += [None, message, None]
+        expected += [None, refusal, None]
     *replies, truncated = send(broker, [*bodies, {"inputs": [huge], "parameters": {"truncate": True}}])
     assert truncated.status is Status.OK and payloads.decode_payload(truncated.payload)["tokens"] == [MAX_LENGTH]
     for reply, message in zip(replies, expected, strict=True):
