@@ -99,3 +99,24 @@ def test_hostile_ids_each_get_one_clear_answer_beside_normal_traffic(broker: Dae
     with Client(broker.frontend) as client:
         after = client.infer(MODEL, ["a normal request", good])
     assert cosine(after[0], after[1]) >= 0.9999
+
+
+def test_the_openai_sdk_sends_token_ids_through_the_gateway(stack: dict[str, Daemon], broker: Daemon) -> None:
+    """OpenAI's ``input`` takes token ids (a list of whole numbers, or a list of such lists): the same vectors as
+    the texts, ``usage`` counting the ids as run; an id outside the vocabulary is the SDK's BadRequestError."""
+    import openai
+
+    ids = tokenized(broker, TEXTS)
+    client = openai.OpenAI(base_url=f"{stack['gateway'].url}/v1", api_key="unused", max_retries=0)
+    from_text = client.embeddings.create(model=MODEL, input=TEXTS)
+    from_ids = client.embeddings.create(model=MODEL, input=[each.tolist() for each in ids])
+    one = client.embeddings.create(model=MODEL, input=ids[0].tolist(), encoding_format="float")
+    assert from_ids.usage.prompt_tokens == from_text.usage.prompt_tokens == sum(e.size for e in ids[:3]) + MAX_LENGTH
+    vectors = [np.asarray(each.embedding) for each in from_ids.data]
+    for ours, theirs in zip([*vectors, np.asarray(one.data[0].embedding)], [*from_text.data, from_text.data[0]],
+                            strict=True):
+        assert cosine(ours, np.asarray(theirs.embedding)) >= 0.9999
+    with pytest.raises(openai.BadRequestError, match=f"token id {VOCABULARY} is outside"):
+        client.embeddings.create(model=MODEL, input=[[101, VOCABULARY, 102]])
+    with pytest.raises(openai.BadRequestError, match="whole numbers"):
+        client.embeddings.create(model=MODEL, input=[[101, -1, 102]])
