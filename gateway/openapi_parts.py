@@ -13,7 +13,7 @@ from aiohttp import hdrs
 
 from gateway.errors import ERRORS, ZBATCH_ERRORS, ErrorCode, ErrorShape
 from gateway.inference import TOKENS_HEADER
-from gateway.parsing import PRIORITY_HEADER, TIMEOUT_HEADER
+from gateway.parsing import MAX_TOKEN_ID, PRIORITY_HEADER, TIMEOUT_HEADER
 from gateway.tracing import REQUEST_ID_HEADER
 from zbatch.protocol.wire import MAX_NAME_CHARS
 
@@ -98,6 +98,8 @@ def object_schema(required: list[str], properties: dict[str, Any], **more: Any) 
 
 TEXT = {"type": "string", "minLength": 1}
 TEXTS = {"oneOf": [TEXT, {"type": "array", "minItems": 1, "items": TEXT}]}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
+TOKEN_ID_LISTS = {"oneOf": [TOKEN_IDS, {"type": "array", "minItems": 1, "items": TOKEN_IDS}]}  # one input, or several
 NUMBERS = {"type": "array", "items": {"type": "number"}}
 FLAG = {"type": "boolean", "nullable": True}
 DIRECTION = {"type": "string", "enum": ["left", "right", "Left", "Right"], "default": "right"}

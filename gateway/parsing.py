@@ -13,6 +13,7 @@ import binascii
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import orjson
 from aiohttp import hdrs, web
 
@@ -27,6 +28,7 @@ PRIORITY_HEADER = "X-Priority"
 PRIORITIES = {"high": 0, "normal": 1, "low": 2, "0": 0, "1": 1, "2": 2}
 # Ten digits is over 100 days, and keeps int() away from absurdly long strings.
 MAX_TIMEOUT_DIGITS = 10
+MAX_TOKEN_ID = 2**32 - 1  # TEI's ids are u32; a model's vocabulary, far smaller, is the worker's check
 JSON_TYPES = frozenset({"application/json"})
 # curl -d sends form-urlencoded; POST / takes the raw body as the text either way.
 TEXT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
@@ -215,3 +217,23 @@ def decode_base64(text: str, where: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request(f"{where} is not base64: send the image file's bytes in base64") from None
+
+
+def token_ids(value: Any, field: str) -> list[np.ndarray]:
+    """Token ids from JSON, as TEI's ``/decode`` and OpenAI's ``input`` take them: one list of whole numbers, or
+    a non-empty list of such lists; each an int64 array (ext-1 on the way to the worker)."""
+    def ids(item: Any) -> np.ndarray | None:
+        if isinstance(item, list) and all(type(i) is int and 0 <= i <= MAX_TOKEN_ID for i in item):
+            return np.asarray(item, dtype=np.int64)
+        return None
+
+    if isinstance(value, list) and value and all(isinstance(item, list) for item in value):
+        batch = [ids(item) for item in value]
+        if all(item is not None for item in batch):
+            return [item for item in batch if item is not None]
+    else:
+        one = ids(value)
+        if one is not None:
+            return [one]
+    raise bad_request(f'"{field}" must be a list of token ids (whole numbers from 0 to {MAX_TOKEN_ID}), or a '
+                      "non-empty list of such lists", param=field)

@@ -2,8 +2,10 @@
 
 * ``GET /v1/models`` and ``GET /v1/models/{model}``: every model a worker serves now
   (from the brokers' STATS); ``created`` is when the oldest broker started.
-* ``POST /v1/embeddings``: ``model``, ``input`` (a string or a list of strings; token
-  arrays are refused), ``encoding_format`` (``float`` or ``base64``: little-endian
+* ``POST /v1/embeddings``: ``model``, ``input`` (a string or a list of strings; or
+  token ids, a list of whole numbers or a list of such lists, which the worker runs as
+  the model's encoding as they are: send what ``/tokenize`` gives, special tokens
+  included), ``encoding_format`` (``float`` or ``base64``: little-endian
   float32, which the SDK asks for by default), ``dimensions`` (the first N numbers,
   re-normalised by the worker; more than the model has is a 400) and ``user``
   (ignored); and, beyond OpenAI's fields (the SDK's ``extra_body``), ``prompt_name``
@@ -37,6 +39,7 @@ from gateway.openapi_parts import (
     EXAMPLE_MODEL,
     PROMPT_NAME,
     TEXTS,
+    TOKEN_ID_LISTS,
     answer,
     get,
     inference,
@@ -44,7 +47,7 @@ from gateway.openapi_parts import (
     object_schema,
     ref,
 )
-from gateway.parsing import model_options, parse_inputs, read_json, truncate_prompt_tokens
+from gateway.parsing import model_options, parse_inputs, read_json, token_ids, truncate_prompt_tokens
 from gateway.responses import json_response
 from zbatch.protocol import vocabulary
 from zbatch.protocol.vocabulary import EMBEDDINGS
@@ -97,21 +100,23 @@ async def get_model(request: web.Request) -> web.Response:
     return json_response(model_object(model, created))
 
 
-def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[str], str, dict[str, Any]]:
-    """An embeddings request: its model, its texts, its ``encoding_format`` and the model's parameters."""
+def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[Any], str, dict[str, Any]]:
+    """An embeddings request: its model, its inputs (texts, or arrays of token ids), its ``encoding_format`` and
+    the model's parameters."""
     model = body.get("model")
     if not isinstance(model, str) or not 1 <= len(model) <= MAX_NAME_CHARS:
         raise bad_request(f'"model" must be a string of 1 to {MAX_NAME_CHARS} characters', param="model")
     value = body.get("input")
+    inputs: list[Any]
     if isinstance(value, list) and value and not isinstance(value[0], str):
-        raise bad_request('"input" holds token ids: send the texts themselves, a string or a list of strings',
-                          param="input")
-    texts, _ = parse_inputs(body, "input")
+        inputs = token_ids(value, "input")  # the model's own ids, special tokens included (PROTOCOL.md 5.2)
+    else:
+        inputs, _ = parse_inputs(body, "input")
     truncate_prompt_tokens(body)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
         raise bad_request('"encoding_format" must be "float" or "base64"', param="encoding_format")
-    return model, texts, encoding, model_options(body, (vocabulary.DIMENSIONS, vocabulary.PROMPT_NAME))
+    return model, inputs, encoding, model_options(body, (vocabulary.DIMENSIONS, vocabulary.PROMPT_NAME))
 
 
 def encode_embedding(output: Any, encoding: str) -> Any:
@@ -123,10 +128,11 @@ def encode_embedding(output: Any, encoding: str) -> Any:
 
 async def post_embeddings(request: web.Request) -> web.Response:
     """``POST /v1/embeddings``: one embedding per input, in order, and the tokens they took."""
-    model, texts, encoding, parameters = parse_embeddings(await read_json(request))
+    model, inputs, encoding, parameters = parse_embeddings(await read_json(request))
     call = call_of(request)
     require_task(model, await call.task_of(model), {EMBEDDINGS}, "POST /v1/embeddings")
-    result = await run(call, model, texts, parameters)
+    texts = [each for each in inputs if isinstance(each, str)]  # the length limit's; the body's size bounds ids
+    result = await run(call, model, inputs, parameters, texts=texts)
     data = [{"object": "embedding", "index": index, "embedding": encode_embedding(output, encoding)}
             for index, output in enumerate(result.outputs)]
     tokens = result.total_tokens or 0
@@ -148,7 +154,8 @@ SCHEMAS: dict[str, Any] = {
     "EmbeddingsRequest": {
         "type": "object", "required": ["model", "input"], "example": {"model": EXAMPLE_MODEL, "input": "hello"},
         "properties": {"model": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS},
-                       "input": TEXTS,
+                       "input": {"oneOf": [*TEXTS["oneOf"], *TOKEN_ID_LISTS["oneOf"]],
+                                 "description": "Texts, or the model's token ids as /tokenize gives them"},
                        "encoding_format": {"type": "string", "enum": list(ENCODINGS), "default": "float"},
                        "dimensions": {"type": "integer", "minimum": 1,
                                       "description": "Only the first N numbers, re-normalised"},

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from gateway.appkeys import CLIENT, CONFIG
@@ -49,6 +48,7 @@ from gateway.openapi_parts import (
     PROMPT_NAME,
     TEXT,
     TEXTS,
+    TOKEN_ID_LISTS,
     TRUNCATION,
     answer,
     errors_for,
@@ -58,7 +58,7 @@ from gateway.openapi_parts import (
     object_schema,
     ref,
 )
-from gateway.parsing import JSON_TYPES, model_options, optional_flag, read_json
+from gateway.parsing import JSON_TYPES, model_options, optional_flag, read_json, token_ids
 from gateway.responses import VERSION, json_response
 from gateway.similarity import similarity, similarity_inputs
 from zbatch.protocol import vocabulary as v
@@ -67,7 +67,6 @@ TRUNCATION_OPTIONS = (v.TRUNCATE, v.TRUNCATION_DIRECTION)
 SETTINGS = {"/rerank": "ZBATCH_TEI_RERANK_MODEL", "/predict": "ZBATCH_TEI_PREDICT_MODEL",
             "/embed_sparse": "ZBATCH_TEI_SPARSE_MODEL", "/": "ZBATCH_DEFAULT_MODEL"}
 MAIN_SETTING = "ZBATCH_TEI_MODEL"
-MAX_TOKEN_ID = 2**32 - 1  # TEI's ids are u32
 # TEI's status and error_type of the gateway's codes, where they differ from "the same status, Validation
 # below 500 and Backend from 500" (TEI's own: 413, 422 validation; 424 backend; 429 overloaded; 503 unhealthy).
 STATUSES: dict[str, tuple[int, str]] = {
@@ -286,30 +285,11 @@ async def tokenize(request: web.Request) -> web.Response:
     return tei_answer(result.outputs, result, texts)
 
 
-def token_ids(value: Any, config: GatewayConfig) -> list[np.ndarray]:
-    """TEI's ids: one list of token ids, or a non-empty list of them."""
-    def ids(item: Any) -> np.ndarray | None:
-        if isinstance(item, list) and all(type(i) is int and 0 <= i <= MAX_TOKEN_ID for i in item):
-            return np.asarray(item, dtype=np.int64)
-        return None
-
-    if isinstance(value, list) and value and all(isinstance(item, list) for item in value):
-        batch = [ids(item) for item in value]
-        batch_size(len(batch), config)
-        if all(item is not None for item in batch):
-            return [item for item in batch if item is not None]
-    else:
-        one = ids(value)
-        if one is not None:
-            return [one]
-    raise bad_request(f'"ids" must be a list of token ids (whole numbers from 0 to {MAX_TOKEN_ID}), or a non-empty '
-                      "list of such lists")
-
-
 async def decode(request: web.Request) -> web.Response:
     """``POST /decode``: ``{"ids", "skip_special_tokens"}`` -> the text of each list of token ids."""
     body = await read_json(request)
-    batch = token_ids(body.get("ids"), request.app[CONFIG])
+    batch = token_ids(body.get("ids"), "ids")
+    batch_size(len(batch), request.app[CONFIG])
     parameters = model_options(body, (v.SKIP_SPECIAL_TOKENS,))
     call = call_of(request)
     result = await run(call, await text_model(request, call), list(batch), parameters, texts=(),
@@ -409,7 +389,6 @@ def tei_inference(summary: str, schema: str, ok: dict[str, Any]) -> dict[str, An
 EMBEDDING = {"inputs": TEXTS, **TRUNCATION, **PROMPT_NAME}
 SPARSE_VALUE = object_schema(["index", "value"], {"index": {"type": "integer"}, "value": {"type": "number"}})
 LABELLED = object_schema(["label", "score"], {"label": {"type": "string"}, "score": {"type": "number"}})
-IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
 EXAMPLE = {"inputs": ["What is Deep Learning?"]}
 SCHEMAS: dict[str, Any] = {
     ERRORS.schema_name: ERRORS.schema,
@@ -435,7 +414,7 @@ SCHEMAS: dict[str, Any] = {
         "parameters": {"type": "object", "nullable": True, "properties": {**TRUNCATION, **PROMPT_NAME}}}),
     "TokenizeRequest": object_schema(["inputs"], {"inputs": TEXTS, "add_special_tokens": FLAG, **PROMPT_NAME},
                                      example={"inputs": "test"}),
-    "DecodeRequest": object_schema(["ids"], {"ids": {"oneOf": [IDS, {"type": "array", "minItems": 1, "items": IDS}]},
+    "DecodeRequest": object_schema(["ids"], {"ids": TOKEN_ID_LISTS,
                                              "skip_special_tokens": FLAG}, example={"ids": [101, 7592, 102]}),
     "SimpleToken": object_schema(["id", "text", "special"], {
         "id": {"type": "integer"}, "text": {"type": "string"}, "special": {"type": "boolean"},

@@ -219,7 +219,8 @@ def test_tei_routes_refuse_wrong_types_with_422(path: str, body: bytes) -> None:
 
 
 @pytest.mark.parametrize("body", [
-    b'{"model": "m", "input": [1, 2]}', b'{"model": "m", "input": "x", "dimensions": true}',
+    b'{"model": "m", "input": [1, 2.5]}', b'{"model": "m", "input": [[1], "x"]}',
+    b'{"model": "m", "input": "x", "dimensions": true}',
     b'{"model": "m", "input": "x", "dimensions": "8"}', b'{"model": "m", "input": "x", "encoding_format": "hex"}',
     b'{"model": 5, "input": "x"}', b'{"input": "x"}',
 ])

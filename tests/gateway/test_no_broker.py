@@ -98,7 +98,9 @@ BAD_REQUESTS = {
         JSON,
     ),
     "openai missing input": ("POST", "/v1/embeddings", _json({"model": "m"}), JSON),
-    "openai token ids": ("POST", "/v1/embeddings", _json({"model": "m", "input": [[1, 2]]}), JSON),
+    "openai token ids not whole numbers": ("POST", "/v1/embeddings", _json({"model": "m", "input": [[1, 2.5]]}),
+                                           JSON),
+    "openai token ids below 0": ("POST", "/v1/embeddings", _json({"model": "m", "input": [-1, 2]}), JSON),
     "openai empty input list": ("POST", "/v1/embeddings", _json({"model": "m", "input": []}), JSON),
     "openai encoding_format": (
         "POST",

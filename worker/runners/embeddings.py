@@ -35,7 +35,7 @@ from worker.runners.operations import token_rows, unpooled
 from worker.runners.packing import packer_for
 from worker.runners.phases import phase
 from worker.runners.pooling import SentenceHead, prompt_tokens, repadded, without_prompt
-from worker.runners.spec import InputError, ModelSpec, Outputs
+from worker.runners.spec import InputError, InputKind, ModelSpec, Outputs
 from worker.runners.st_modules import SentenceModules, read_modules
 from worker.runners.text import (
     TRUNCATION_PARAMETERS,
@@ -66,6 +66,7 @@ class EmbeddingRunner(TextRunner):
 
     parameters = frozenset({NORMALIZE, DIMENSIONS})
     takes_prompts = True
+    kind = InputKind.TEXT_OR_IDS  # token ids as well as texts (worker.runners.token_ids)
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype, model: Any = None) -> None:
         """``model``: one that stands in for the transformers model (ONNX Runtime's), which then never loads."""

@@ -3,7 +3,8 @@
 * ``decode``: each input, a 1-D integer array of token ids, back to its text
   with the model's tokenizer; ``skip_special_tokens`` (default true) leaves
   out ``[CLS]``, ``[SEP]`` and the like.  An id outside the vocabulary refuses
-  its input alone.  Only the tokenizer runs.
+  its input alone (:func:`~worker.runners.token_ids.outside_vocabulary`, the
+  check ``run`` makes of ids too).  Only the tokenizer runs.
 * ``embed_all``: an embeddings model's last hidden state without pooling,
   one float32 row per token of each input (special tokens included, after
   truncation and any prompt), not normalized: what TEI's ``/embed_all``
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from worker.runners.spec import InputError, InputKind, Outputs, check_inputs
+from worker.runners.token_ids import outside_vocabulary
 from zbatch.protocol.vocabulary import DECODE, SKIP_SPECIAL_TOKENS
 
 
@@ -38,11 +40,8 @@ def decode_ids(tokenizer: Any, inputs: list[Any], parameters: dict[str, Any]) ->
     vocabulary = len(tokenizer)
     outputs: list[Any] = []
     for ids in inputs:
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocabulary):
-            outputs.append(InputError(f"a token id is outside this model's vocabulary: ids run from 0 to "
-                                      f"{vocabulary - 1}"))
-        else:
-            outputs.append(tokenizer.decode(ids.tolist(), skip_special_tokens=skip))
+        refusal = outside_vocabulary(ids, vocabulary)
+        outputs.append(InputError(refusal) if refusal else tokenizer.decode(ids.tolist(), skip_special_tokens=skip))
     return Outputs(outputs, [int(ids.size) for ids in inputs])
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.runners.spec import ModelSpec
+from worker.runners.spec import InputKind, ModelSpec
 from worker.runners.text import TextRunner, load_model, load_tokenizer, model_max_length
 from zbatch.protocol.vocabulary import SPARSE_INDICES, SPARSE_VALUES
 
@@ -29,6 +29,7 @@ class SparseEmbeddingRunner(TextRunner):
     """A masked-LM model (``AutoModelForMaskedLM``) pooled the SPLADE way."""
 
     takes_prompts = True
+    kind = InputKind.TEXT_OR_IDS  # token ids as well as texts (worker.runners.token_ids)
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         tokenizer = load_tokenizer(spec)

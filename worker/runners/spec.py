@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zbatch.hub import BUNDLED_MODEL_NAME, bundled_model_path
-from zbatch.protocol.vocabulary import CLASSIFICATION, EMBEDDINGS, RERANK
+from zbatch.protocol.vocabulary import CLASSIFICATION, EMBEDDINGS, RERANK, SPARSE_EMBEDDINGS
 from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
 from zbatch.protocol.vocabulary import DECODE as DECODE
 from zbatch.protocol.vocabulary import EMBED_ALL as EMBED_ALL
@@ -28,6 +28,7 @@ from zbatch.protocol.wire import MAX_LABEL_CHARS, MAX_LABELS
 DEFAULT_MODEL_NAME = BUNDLED_MODEL_NAME
 default_model_path = bundled_model_path  # the bundled model's folder, found without importing its package
 RUNTIMES = ("auto", "torch", "onnx")  # what runs a text model: ONNX Runtime where it validates (auto), or one
+TAKES_IDS = frozenset({EMBEDDINGS, SPARSE_EMBEDDINGS})  # the tasks whose ``run`` takes token ids as well as text
 QUANTIZE = ("none", "int8")  # int8: ONNX Runtime's dynamic quantization, where it still validates
 
 
@@ -107,6 +108,7 @@ class InputKind(enum.Enum):
     TEXT_OR_PAIR = "strings, or [text, text_pair] arrays of two strings"
     IMAGE = "images: the bytes of an image file (msgpack bin), such as a JPEG or a PNG"
     IDS = "token ids: one-dimensional arrays of whole numbers (ext-1 integer arrays)"
+    TEXT_OR_IDS = "strings, or token ids: one-dimensional arrays of whole numbers (ext-1 integer arrays)"
     ANY = "any inputs"
 
     def accepts(self, value: Any) -> bool:
@@ -119,8 +121,15 @@ class InputKind(enum.Enum):
         if self is InputKind.IMAGE:
             return isinstance(value, bytes)
         if self is InputKind.IDS:
-            return isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in ("i", "u")
+            return is_ids(value)
+        if self is InputKind.TEXT_OR_IDS:
+            return isinstance(value, str) or is_ids(value)
         return True
+
+
+def is_ids(value: Any) -> bool:
+    """Whether ``value`` is token ids: a one-dimensional integer array."""
+    return isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in ("i", "u")
 
 
 def is_pair(value: Any) -> bool:
@@ -131,6 +140,8 @@ def input_kind(task: str, operation: str = RUN) -> InputKind:
     """What the inputs of ``task`` must be (a runner of your own checks its own)."""
     if operation == DECODE:
         return InputKind.IDS
+    if task in TAKES_IDS and operation in (RUN, EMBED_ALL):
+        return InputKind.TEXT_OR_IDS
     if operation in (TOKENIZE, EMBED_ALL):
         return InputKind.TEXT
     if task == RERANK:
@@ -158,10 +169,14 @@ def check_inputs(inputs: Any, kind: InputKind = InputKind.TEXT, task: str = "thi
         raise InputError(f"inputs must be a non-empty list of {kind.value}")
     for i, value in enumerate(inputs):
         if not kind.accepts(value):
-            raise InputError(f"inputs[{i}] is {_kind_of(value)}; {task} takes {kind.value}")
+            hint = (f" (token ids are taken by 'decode', and by the 'run' of {' and '.join(sorted(TAKES_IDS))} "
+                    "models)" if is_ids(value) else "")
+            raise InputError(f"inputs[{i}] is {_kind_of(value)}; {task} takes {kind.value}{hint}")
 
 
 def _kind_of(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"a {value.ndim}-dimensional {value.dtype} array"
     if isinstance(value, list):
         return f"an array of {len(value)} item(s): {', '.join(type(item).__name__ for item in value)}"
     return type(value).__name__

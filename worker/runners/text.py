@@ -11,7 +11,10 @@ steps that the worker can run on different threads (:mod:`worker.engine`):
    padding, truncated on ``truncation_direction``.  With ``truncate`` false
    they are taken untruncated, and each input longer than the model takes is
    refused alone: its result is an :class:`InputError` saying its length and
-   the maximum, and the others run.  Only the tokenizer runs, never torch;
+   the maximum, and the others run.  Where the runner's ``kind`` takes them
+   (embeddings, sparse embeddings), an input may be token ids instead of a
+   text: they are its encoding as they are, checked and truncated as
+   :mod:`worker.runners.token_ids` says, and texts and ids mix in a batch.  Only the tokenizer runs, never torch;
    each thread tokenizes with a copy of its own, so any thread may encode.  Inputs encode the same
    alone as in a batch, so the worker encodes each request as it arrives and
    a batch gathers its requests' encodings.
@@ -61,6 +64,7 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
+from worker.runners.token_ids import SpecialFrame, outside_vocabulary
 from zbatch.protocol.vocabulary import ADD_SPECIAL_TOKENS, PROMPT_NAME, TOKENIZE, TRUNCATE, TRUNCATION_DIRECTION
 
 log = logging.getLogger("zbatch.worker")
@@ -198,6 +202,9 @@ class TextRunner:
         self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
         self.details = ModelDetails(max_length, dtype=dtype_name(model.dtype))
         self._tokenizer = tokenizer  # its settings (padding side, pad tokens) are read by every thread
+        self._vocabulary = len(tokenizer)
+        self._special_frame = SpecialFrame.of(tokenizer)  # what truncated token ids keep at their ends
+        self._takes_token_types = "token_type_ids" in tokenizer.model_input_names
         self._own_tokenizers = threading.local()
         self._model = model
         self.prompts = prompts_of(spec, self.takes_prompts)
@@ -272,16 +279,41 @@ class TextRunner:
                          self.spec.task)
         truncation = truncation_of(parameters)
         self._options(parameters)
-        texts = prompted(self.prompts.prefix(parameters), inputs) if self.takes_prompts else inputs
-        results: list[Encoding | InputError] = []
-        for encoding in self._tokenized(_texts(texts), truncation):
-            if encoding.length > self.max_length:  # only untruncated
-                results.append(InputError(
-                    f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
-                    f"shorten it, or let the model truncate it (parameter {TRUNCATE!r}: true)"))
-            else:
-                results.append(encoding)
-        return results
+        prefix = self.prompts.prefix(parameters) if self.takes_prompts else ""
+        texts = [item for item in inputs if not isinstance(item, np.ndarray)]  # token ids are encoded already
+        encoded = iter(self._tokenized(_texts(prompted(prefix, texts)), truncation) if texts else [])
+        return [self._within_length(self._from_ids(item, truncation, prefix) if isinstance(item, np.ndarray)
+                                    else next(encoded)) for item in inputs]
+
+    def _within_length(self, encoding: Encoding | InputError) -> Encoding | InputError:
+        """``encoding``, or the InputError that refuses it for being longer than the model takes (untruncated)."""
+        if isinstance(encoding, Encoding) and encoding.length > self.max_length:
+            return InputError(
+                f"this input has {encoding.length} tokens and the model takes at most {self.max_length}: "
+                f"shorten it, or let the model truncate it (parameter {TRUNCATE!r}: true)")
+        return encoding
+
+    def _from_ids(self, ids: np.ndarray, truncation: Truncation, prefix: str) -> Encoding | InputError:
+        """Token ids as the encoding the model runs (module :mod:`worker.runners.token_ids`), truncated as asked;
+        or the InputError that refuses them alone: none, an id outside the vocabulary, or a prompt to put
+        before them."""
+        if prefix:
+            return InputError(f"a prompt cannot go before token ids ({PROMPT_NAME!r}, or the model's default "
+                              "prompt, applies to this request): send the text instead, or the ids of prompt and "
+                              f"text together ({TOKENIZE!r} with the {PROMPT_NAME!r} gives them) to a model "
+                              "without a default prompt")
+        if not ids.size:
+            return InputError(f"this input is an empty array of token ids: send at least one (what {TOKENIZE!r} "
+                              "gives a text, its special tokens included)")
+        refusal = outside_vocabulary(ids, self._vocabulary)
+        if refusal:
+            return InputError(refusal)
+        if truncation.enabled:
+            ids = self._special_frame.truncated(ids, self.max_length, truncation.direction == "right")
+        rows = {"input_ids": ids.astype(np.int64)}
+        if self._takes_token_types:
+            rows["token_type_ids"] = np.zeros(ids.size, dtype=np.int64)
+        return Encoding(rows)
 
     def _tokenized(self, texts: list[Any], truncation: Truncation) -> list[Encoding]:
         """Each text (or pair) as the tokenizer encodes it without padding, truncated as asked.
@@ -304,7 +336,7 @@ class TextRunner:
         else:
             backend.no_truncation()
         backend.no_padding()
-        types = "token_type_ids" in tokenizer.model_input_names
+        types = self._takes_token_types
         return [Encoding({"input_ids": np.asarray(each.ids, dtype=np.int64),
                           **({"token_type_ids": np.asarray(each.type_ids, dtype=np.int64)} if types else {})})
                 for each in backend.encode_batch(texts)]

@@ -1,0 +1,198 @@
+"""Token ids as inputs (issue 41, point 2) on tiny models built on disk: ids as ``tokenize`` gives them run to the
+text's own outputs, truncation keeps the special tokens, and each bad input is refused alone, its neighbours run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+from tests.worker.tiny_models import make_tiny_bert, with_prompts
+from worker.runners import InputError, ModelSpec, load_runner, operation_of
+from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.sparse import SparseEmbeddingRunner
+from worker.runners.spec import check_request
+from worker.runners.text import Encoding, TextRunner
+from worker.runners.token_ids import SpecialFrame, outside_vocabulary
+from zbatch.protocol import vocabulary as v
+
+TEXTS = ["hello world", "the cat is happy", "red " * 300 + "blue", "a dog"]
+LONG = 2  # TEXTS[LONG] is over the tiny model's 128 tokens
+CLS, SEP = 2, 3  # the tiny vocabulary's [CLS] and [SEP] (tests/worker/tiny_models.py)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("token-ids")
+
+
+@pytest.fixture(scope="module")
+def embedder(models: Path) -> EmbeddingRunner:
+    folder = with_prompts(make_tiny_bert(models / "plain", "feature-extraction"), {"query": "query: ", "none": ""})
+    runner = load_runner(ModelSpec("tiny", folder))
+    assert isinstance(runner, EmbeddingRunner)
+    return runner
+
+
+def ids_of(runner: TextRunner, texts: list[str], parameters: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """Each text's ids as the ``tokenize`` operation gives them: special tokens included, never truncated."""
+    return [np.asarray([token["id"] for token in tokens], dtype=np.int64)
+            for tokens in runner.tokenize(texts, parameters or {})]
+
+
+def assert_same_vectors(got: list[Any], want: list[Any]) -> None:
+    assert len(got) == len(want)
+    for ours, theirs in zip(got, want, strict=True):
+        assert float(np.dot(ours, theirs)) / float(np.linalg.norm(ours) * np.linalg.norm(theirs)) >= 0.9999
+
+
+# ------------------------------------------------------------------ the checks and the frame
+
+
+def test_outside_vocabulary_names_the_first_bad_id() -> None:
+    assert outside_vocabulary(np.asarray([0, 5, 9]), 10) is None
+    assert outside_vocabulary(np.asarray([], dtype=np.int64), 10) is None
+    assert outside_vocabulary(np.asarray([1, 12, -1]), 10) == ("token id 12 is outside this model's vocabulary: "
+                                                               "ids run from 0 to 9")
+    assert str(outside_vocabulary(np.asarray([-4, 3]), 10)).startswith("token id -4 is outside")
+    assert "18446744073709551615" in str(outside_vocabulary(np.asarray([2**64 - 1], dtype=np.uint64), 10))
+
+
+def test_truncation_keeps_the_frame_and_cuts_between() -> None:
+    frame = SpecialFrame((CLS,), (SEP,))
+    ids = np.asarray([CLS, 10, 11, 12, 13, SEP])
+    assert frame.truncated(ids, 6, True) is ids
+    assert frame.truncated(ids, 4, True).tolist() == [CLS, 10, 11, SEP]
+    assert frame.truncated(ids, 4, False).tolist() == [CLS, 12, 13, SEP]
+    unframed = np.asarray([10, 11, 12, 13, 14])  # the sender left the special tokens out: a plain cut
+    assert frame.truncated(unframed, 3, True).tolist() == [10, 11, 12]
+    assert frame.truncated(unframed, 3, False).tolist() == [12, 13, 14]
+    assert frame.truncated(ids, 2, True).tolist() == [CLS, 10]  # no room for the frame and a token
+
+
+def test_the_frame_is_the_tokenizers(embedder: EmbeddingRunner) -> None:
+    assert SpecialFrame.of(embedder._tokenizer) == SpecialFrame((CLS,), (SEP,))
+
+
+# ------------------------------------------------------------------ same outputs as the text
+
+
+def test_ids_run_to_the_texts_vectors_and_counts(embedder: EmbeddingRunner) -> None:
+    ids = ids_of(embedder, TEXTS)
+    assert ids[LONG].size > embedder.max_length  # tokenize does not truncate; run does
+    from_text, from_ids = embedder.run(TEXTS, {}), embedder.run(ids, {})
+    assert_same_vectors(from_ids, from_text)
+    assert from_ids.tokens == from_text.tokens and from_ids.tokens[LONG] == 128  # type: ignore[attr-defined]
+    for direction in ("left", "right"):
+        parameters = {v.TRUNCATION_DIRECTION: direction}
+        assert_same_vectors(embedder.run([ids[LONG]], parameters), embedder.run([TEXTS[LONG]], parameters))
+    assert_same_vectors(embedder.run(ids, {v.DIMENSIONS: 8, v.NORMALIZE: False}),
+                        embedder.run(TEXTS, {v.DIMENSIONS: 8, v.NORMALIZE: False}))
+
+
+def test_texts_and_ids_mix_in_one_request(embedder: EmbeddingRunner) -> None:
+    ids = ids_of(embedder, TEXTS)
+    mixed = [TEXTS[0], ids[1], ids[2], TEXTS[3]]
+    outputs = embedder.run(mixed, {})
+    assert_same_vectors(outputs, embedder.run(TEXTS, {}))
+    assert outputs.tokens == [4, 6, 128, 4]  # type: ignore[attr-defined]
+
+
+def test_ids_take_zero_token_types_and_any_integer_dtype(embedder: EmbeddingRunner) -> None:
+    (ids,) = ids_of(embedder, ["the cat"])
+    encodings = embedder.encode([ids.astype(np.int32), ids.astype(np.uint16)], {})
+    for encoding in encodings:
+        assert isinstance(encoding, Encoding)
+        assert encoding.rows["input_ids"].dtype == np.int64 and encoding.rows["input_ids"].tolist() == ids.tolist()
+        assert encoding.rows["token_type_ids"].tolist() == [0] * ids.size
+
+
+def test_embed_all_takes_ids(embedder: EmbeddingRunner) -> None:
+    embed_all = operation_of(embedder, v.EMBED_ALL)
+    for ours, theirs in zip(embed_all(ids_of(embedder, TEXTS), {}), embed_all(TEXTS, {}), strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_sparse_embeddings_take_ids(models: Path) -> None:
+    splade = load_runner(ModelSpec("tiny-splade", make_tiny_bert(models / "splade", "fill-mask"),
+                                   v.SPARSE_EMBEDDINGS))
+    assert isinstance(splade, SparseEmbeddingRunner)
+    for ours, theirs in zip(splade.run(ids_of(splade, TEXTS), {}), splade.run(TEXTS, {}), strict=True):
+        np.testing.assert_array_equal(ours[v.SPARSE_INDICES], theirs[v.SPARSE_INDICES])
+        np.testing.assert_allclose(ours[v.SPARSE_VALUES], theirs[v.SPARSE_VALUES], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ refusals, each alone
+
+
+def test_bad_ids_are_refused_alone_and_their_neighbours_run(embedder: EmbeddingRunner) -> None:
+    vocabulary = len(embedder._tokenizer)
+    bad = {"outside": np.asarray([CLS, vocabulary, SEP]), "negative": np.asarray([CLS, -1, SEP]),
+           "empty": np.asarray([], dtype=np.int64)}
+    good = ids_of(embedder, ["a dog"])[0]
+    outputs = embedder.run([good, *bad.values(), "a dog"], {})
+    assert_same_vectors([outputs[0], outputs[4]], embedder.run(["a dog"] * 2, {}))
+    messages = [str(output) for output in outputs[1:4]]
+    assert all(isinstance(output, InputError) for output in outputs[1:4])
+    assert messages[0] == (f"token id {vocabulary} is outside this model's vocabulary: ids run from 0 to "
+                           f"{vocabulary - 1}")
+    assert messages[1].startswith("token id -1 is outside")
+    assert messages[2].startswith("this input is an empty array of token ids")
+
+
+def test_too_many_ids_with_truncate_false_are_refused_alone(embedder: EmbeddingRunner) -> None:
+    ids = ids_of(embedder, TEXTS)
+    outputs = embedder.run(ids, {v.TRUNCATE: False})
+    assert isinstance(outputs[LONG], InputError)
+    assert str(outputs[LONG]).startswith(f"this input has {ids[LONG].size} tokens and the model takes at most 128")
+    assert_same_vectors([outputs[0], outputs[1]], embedder.run(TEXTS[:2], {}))
+
+
+def test_a_prompt_cannot_go_before_ids(embedder: EmbeddingRunner) -> None:
+    """A named prompt refuses the ids alone (the texts of the request take it); an empty prompt is no prompt."""
+    (ids,) = ids_of(embedder, ["a dog"])
+    outputs = embedder.run([ids, "a dog"], {v.PROMPT_NAME: "query"})
+    assert isinstance(outputs[0], InputError) and "a prompt cannot go before token ids" in str(outputs[0])
+    assert_same_vectors([outputs[1]], embedder.run(["a dog"], {v.PROMPT_NAME: "query"}))
+    assert_same_vectors(embedder.run([ids], {v.PROMPT_NAME: "none"}), embedder.run(["a dog"], {}))
+    prompted_ids = ids_of(embedder, ["a dog"], {v.PROMPT_NAME: "query"})  # the sender's prompt, in the ids
+    assert_same_vectors(embedder.run(prompted_ids, {}), embedder.run(["a dog"], {v.PROMPT_NAME: "query"}))
+
+
+def test_a_default_prompt_refuses_ids(models: Path) -> None:
+    folder = with_prompts(make_tiny_bert(models / "default", "feature-extraction"), {"query": "query: "},
+                          default="query")
+    runner = load_runner(ModelSpec("tiny-default", folder))
+    assert isinstance(runner, EmbeddingRunner)
+    (refused,) = runner.run(ids_of(runner, ["a dog"]), {})
+    assert isinstance(refused, InputError) and "the model's default prompt" in str(refused)
+
+
+@pytest.mark.parametrize(("inputs", "start"), [
+    ([np.zeros(3, dtype=np.float32)], "inputs[0] is a 1-dimensional float32 array; embeddings takes strings, or "
+                                      "token ids"),
+    (["a", np.zeros((2, 2), dtype=np.int64)], "inputs[1] is a 2-dimensional int64 array; embeddings takes"),
+    ([np.zeros(3, dtype=np.bool_)], "inputs[0] is a 1-dimensional bool array"),
+    ([[1, 2]], "inputs[0] is an array of 2 item(s): int, int; embeddings takes strings, or token ids"),
+])
+def test_other_arrays_refuse_the_request(inputs: list[Any], start: str) -> None:
+    for task in (v.EMBEDDINGS, v.SPARSE_EMBEDDINGS):
+        with pytest.raises(InputError) as refused:
+            check_request(task, v.RUN, inputs)
+        assert str(refused.value).startswith(start.replace("embeddings takes", f"{task} takes"))
+
+
+def test_only_embeddings_models_run_ids() -> None:
+    ids = [np.asarray([CLS, 5, SEP])]
+    check_request(v.EMBEDDINGS, v.EMBED_ALL, ids)
+    check_request(v.EMBEDDINGS, v.DECODE, ids)
+    for task, operation in ((v.RERANK, v.RUN), ("text-classification", v.RUN), (v.EMBEDDINGS, v.TOKENIZE),
+                            ("fill-mask", v.RUN)):
+        with pytest.raises(InputError, match=r"token ids are taken by 'decode', and by the 'run' of embeddings"):
+            check_request(task, operation, ids)
