@@ -110,11 +110,13 @@ async def chaos(ctx: Context) -> None:
 
 
 async def run_chaos(plan: ChaosPlan, model: str, env: dict[str, str], system: str,
-                    **settings: object) -> dict[str, Any]:
-    """``plan`` against ``zbatch serve`` with two brokers serving ``model`` (its daemons get ``env``, the serve
-    its ``settings``); the row of what every request met."""
+                    workers: int | None = None) -> dict[str, Any]:
+    """``plan`` against ``zbatch serve`` with two brokers serving ``model`` (its daemons get ``env``; ``workers``:
+    its CPU workers, where no GPU decides them); the row of what every request met."""
     with procs.running() as daemons:
-        served = daemons.add(spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, env=env, **settings))
+        spawned = (spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, env=env) if workers is None
+                   else spawn_serve(daemons.log_dir, "zbatch-serve", brokers=2, env=env, workers=workers))
+        served = daemons.add(spawned)
         await procs.blocking(daemons.wait, lambda: serves(served), "zbatch serve to serve")
         procs.log(f"chaos: {plan.clients} clients for {plan.duration_s:.0f} s; kill -9 of "
                   f"{', '.join(plan.victims)}, {plan.every_s:.0f} s apart")
