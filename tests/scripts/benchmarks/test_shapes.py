@@ -31,3 +31,13 @@ def test_tokens_a_text_counts_include_the_special_tokens(tmp_path: Path) -> None
     folder = shaped_model(TINY, tmp_path)
     assert mean_tokens(folder, ["hello world"]) == 4  # [CLS] hello world [SEP]
     assert mean_tokens(folder, ["hello world", "hello"]) == 3.5
+
+
+def test_a_shaped_model_takes_its_tokenizer_and_modules_from_the_base_named(tmp_path: Path) -> None:
+    """A GPU host carries its own copy of the model (``ZBATCH_MODEL_PATH``), not the bundled package."""
+    base = shaped_model(TINY, tmp_path / "first")
+    (base / "tokenizer_config.json").write_text(
+        json.dumps(json.loads((base / "tokenizer_config.json").read_text()) | {"model_max_length": 77}))
+    folder = shaped_model(Shape("tiny-wide", 2, 96, 2, 128), tmp_path / "second", str(base))
+    assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 77
+    assert json.loads((folder / "config.json").read_text())["hidden_size"] == 96
