@@ -104,9 +104,14 @@ class SlowHttp:
     """``count`` connections to ``port``, each sending ``opening`` at once, then ``trickle`` a byte per ``interval_s``.
 
     With ``reconnect``, a connection the server closes is replaced at the next
-    tick, so ``count`` stay open while the attack lasts.  A connection not
-    made within ``connect_timeout_s`` counts as refused.  A ``with`` block
-    runs it; it returns once the first ``count`` connections were tried.
+    tick, so ``count`` stay open while the attack lasts.  A connection the
+    kernel could not make counts as refused: refused outright, or its SYN
+    unanswered after ``syn_retries`` retries (the kernel's own backoff, 1 s
+    doubling: 15 s for 3).  The kernel decides, not a timer of this process, so
+    a busy host that runs this loop late cannot turn a connection made into a
+    refused one (a timeout around the connect once did, and counted such a
+    connection both opened and refused).  A ``with`` block runs it; it returns
+    once the first ``count`` connections were tried.
     """
 
     port: int
@@ -116,7 +121,7 @@ class SlowHttp:
     interval_s: float = 1.0
     reconnect: bool = False
     host: str = "127.0.0.1"
-    connect_timeout_s: float = 10.0
+    syn_retries: int = 3
     opened: int = 0
     refused: int = 0  # connections that could not be made
     endings: list[Ending] = field(default_factory=list)  # connections the server ended, in order
@@ -156,11 +161,18 @@ class SlowHttp:
 
     async def _connect(self) -> None:
         assert self._loop is not None
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT, self.syn_retries)
         try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await self._loop.create_connection(lambda: _Peer(self), self.host, self.port)
-        except (OSError, TimeoutError):
+            await self._loop.sock_connect(sock, (self.host, self.port))
+        except BaseException as exc:
+            sock.close()
+            if not isinstance(exc, OSError):
+                raise
             self.refused += 1
+            return
+        await self._loop.create_connection(lambda: _Peer(self), sock=sock)
 
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
