@@ -427,8 +427,12 @@ class Daemons(dict[str, Daemon]):
 
 @contextlib.contextmanager
 def running_stack(log_dir: Path, workers: int = 2, *, broker: Mapping[str, Any] | None = None,
-                  worker: Mapping[str, Any] | None = None, gateway: bool = True) -> Iterator[Daemons]:
-    """A broker, ``workers`` workers named w1, w2, ... and a gateway, each with its settings; stopped on exit."""
+                  worker: Mapping[str, Any] | None = None, gateway: bool | Mapping[str, Any] = True
+                  ) -> Iterator[Daemons]:
+    """A broker, ``workers`` workers named w1, w2, ... and a gateway, each with its settings; stopped on exit.
+
+    ``gateway``: the gateway's settings (True: its defaults; False: no gateway).
+    """
     with Daemons(log_dir) as daemons:
         started = daemons.add(start_broker(log_dir, **(broker or {})))
         names = [f"w{i + 1}" for i in range(workers)]
@@ -436,6 +440,6 @@ def running_stack(log_dir: Path, workers: int = 2, *, broker: Mapping[str, Any] 
             daemons.add(start_worker(started, log_dir, name, wait=False, **(worker or {})))
         for name in names:
             wait_for_worker(started, daemons[name])
-        if gateway:
-            daemons.add(start_gateway(started, log_dir))
+        if gateway is not False:
+            daemons.add(start_gateway(started, log_dir, **(gateway if isinstance(gateway, Mapping) else {})))
         yield daemons

@@ -1,4 +1,4 @@
-"""Python's garbage collector once a daemon serves (zbatch/runtime/memory.py): the start's garbage collected, what
+"""Python's garbage collector once a daemon has started (zbatch/runtime/memory.py): the start's garbage collected, what
 it left alive frozen out of every later collection, the young generation collected less often; still collecting."""
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def test_the_start_is_collected_then_frozen_and_the_young_generation_waits_longe
     assert later_garbage() is None, "cycles made while serving are still collected"
 
 
-def test_a_daemon_freezes_its_start_once_it_serves(log_dir: Path) -> None:
+def test_a_daemon_freezes_its_start_once_started(log_dir: Path) -> None:
     broker = start_broker(log_dir)
     try:
-        line = wait_until(lambda: re.search(r"garbage collector: the (\d+) objects alive once serving are frozen",
+        line = wait_until(lambda: re.search(r"garbage collector: the (\d+) objects alive after the start are frozen",
                                             broker.log_path.read_text()), 10, "the collector's line", broker.log)
         assert int(line[1]) > 0
     finally:

@@ -10,13 +10,17 @@ stages the way uvicorn's ``Server`` shuts down:
 
 1. start: bind, connect, load (:meth:`Service.start`), which returns the
    daemon's essential tasks.  If it fails, close runs and the error goes on
-   to ``__main__``, which turns an OSError or ValueError into one line;
+   to ``__main__``, which turns an OSError or ValueError into one line.
+   Then, before the loop runs any task the start created, so before any peer
+   counts on the daemon, the garbage collector collects once, freezes what the
+   start left alive and collects its young generation less often
+   (:func:`zbatch.runtime.memory.collect_off_the_hot_path`): that full
+   collection stops the loop, on a busy host for longer than a worker's
+   heartbeat liveness, which a broker that had registered the worker would
+   take for its death;
 2. the ``/metrics`` page, when the service has a port for it;
 3. ready: READY=1 for systemd once :meth:`Service.ready` returns (the worker:
-   model loaded *and* registered with the broker); serving has begun already.
-   Just before, the garbage collector collects once, freezes what the start
-   left alive and collects its young generation less often
-   (:func:`zbatch.runtime.memory.collect_off_the_hot_path`);
+   model loaded *and* registered with the broker); serving has begun already;
 4. serve until the first SIGTERM or SIGINT;
 5. drain: STOPPING=1, then :meth:`Service.drain`, which finishes what was
    accepted within the daemon's own deadline;
@@ -191,6 +195,9 @@ class _Lifecycle:
 
     async def _start(self) -> None:
         self.essentials = await self.service.start()
+        if not self.stopping.is_set():
+            # Before the loop runs what start() set going (the worker's link sends READY): see step 1 above.
+            memory.collect_off_the_hot_path(self.log)
         for name, future in self.essentials.items():
             future.add_done_callback(functools.partial(self._essential_ended, name))
         page = self.service.metrics()
@@ -207,7 +214,6 @@ class _Lifecycle:
             if ready.done():
                 ready.result()  # a ready() that raises is a bug: it ends the daemon with its traceback
                 if not self.stopping.is_set():
-                    memory.collect_off_the_hot_path(self.log)  # the start's objects live on: freeze them
                     self.notifier.ready()
             await stop
         finally:

@@ -19,7 +19,7 @@ then stays at the largest batches' peak, which the worker's batch and input limi
 Settings the user made through the environment (``MALLOC_*``, ``GLIBC_TUNABLES``, a preloaded allocator)
 win over both.  Other C libraries (musl, macOS) have no ``mallopt``: nothing is done there.
 
-Python's cyclic garbage collector, once the daemon serves (:func:`collect_off_the_hot_path`): everything alive
+Python's cyclic garbage collector, once the daemon has started (:func:`collect_off_the_hot_path`): everything alive
 then (modules, the model, the tokenizer, the settings) lives until the process ends, yet each full collection
 walks all of it again; and the young generation, collected after every few hundred container allocations,
 runs every request or two on a serving path that allocates hundreds per request.
@@ -106,7 +106,7 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
 
 
 def collect_off_the_hot_path(log: logging.Logger) -> int:
-    """Once the daemon serves: collect once, freeze what is left and collect the young generation less often.
+    """Once the daemon has started: collect once, freeze what is left and collect the young generation less often.
 
     ``gc.freeze`` moves every object alive after the start into the permanent generation, which no collection
     walks again: the start's objects live as long as the process, so walking them was pure cost (one that dies
@@ -123,6 +123,6 @@ def collect_off_the_hot_path(log: logging.Logger) -> int:
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, *OLDER_THRESHOLDS)
     frozen = gc.get_freeze_count()
-    log.info("garbage collector: the %d objects alive once serving are frozen out of its collections, and the "
+    log.info("garbage collector: the %d objects alive after the start are frozen out of its collections, and the "
              "young generation is collected every %d allocations", frozen, YOUNG_THRESHOLD)
     return frozen
