@@ -74,4 +74,5 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
                            heartbeat_ms=config.heartbeat_ms, heartbeat_liveness=config.heartbeat_liveness) as client:
         app[CLIENT] = client
+        await client.connect()
         yield

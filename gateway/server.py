@@ -67,6 +67,7 @@ class GatewayServer(daemon.Service):
         self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
                                             heartbeat_ms=config.heartbeat_ms,
                                             heartbeat_liveness=config.heartbeat_liveness)
+        await client.connect()
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         app = create_app(config, client)
         essentials = await self._start_grpc(app, client) if config.grpc_port else {}

@@ -103,6 +103,29 @@ def test_requests_spread_over_both_brokers() -> None:
     assert answers.count("a") == answers.count("b") == 5
 
 
+def test_a_connected_client_gives_a_broker_that_hangs_before_its_first_request_up() -> None:
+    """connect() starts the heartbeats: a broker hung before any request is given up within the liveness
+    window, and the first requests go to the live one without waiting for it (a gateway process's case)."""
+
+    async def scenario() -> list[str]:
+        context = zmq.asyncio.Context()
+        a, b = FakeBroker(context, "a"), FakeBroker(context, "b")
+        client = AsyncClient([a.endpoint, b.endpoint], context=context, timeout_ms=20_000, **FAST)
+        try:
+            await client.connect()
+            a.hang()
+            await until(lambda: not client.brokers[0].live)
+            async with asyncio.timeout(1.0):  # far below the 20 s a request would wait at the hung broker
+                return [(await client.infer("m", [str(i)]))[0] for i in range(4)]
+        finally:
+            await client.close()
+            for broker in (a, b):
+                await broker.vanish()
+            context.term()
+
+    assert asyncio.run(scenario()) == ["b"] * 4
+
+
 def test_a_hung_broker_is_given_up_its_requests_replayed_and_it_rejoins_when_it_answers() -> None:
     async def scenario() -> dict[str, Any]:
         async with fleet() as (client, a, b):

@@ -158,6 +158,14 @@ class AsyncClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    async def connect(self) -> None:
+        """Read from the brokers, and heartbeat them, from now on rather than from the first request.
+
+        A client that has sent nothing yet then still hears which brokers answer, so one that hangs before
+        the first request is given up within the liveness window instead of holding that request while the
+        window runs (each gateway process calls this at its start)."""
+        self._ensure_reader()
+
     async def infer(
         self,
         model: str,
