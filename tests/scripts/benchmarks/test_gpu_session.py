@@ -1,11 +1,11 @@
-"""The GPU session's report (scripts/benchmarks/studies/gpu_session.py): what one device call brings back must
+"""The GPU session's report (scripts/benchmarks/cases/gpu_session.py): what one device call brings back must
 say every rate with its host cores and GPU busy, and each transition's outcome, from the rows alone."""
 
 from __future__ import annotations
 
 from scripts.benchmarks.cases.context import row
+from scripts.benchmarks.cases.gpu_session import report
 from scripts.benchmarks.cases.transitions import staggered_row
-from scripts.benchmarks.studies.gpu_session import report
 
 
 def test_the_report_gives_each_rate_and_the_start_under_load() -> None:

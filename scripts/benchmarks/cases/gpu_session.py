@@ -1,6 +1,6 @@
 """One lent GPU, one run: issue 38's transitions and issue 41's rates, with real models on CUDA.
 
-``python3 -m scripts.benchmarks.studies.gpu_session --out DIR`` on the device (after ``source .gpu/unpack.sh``):
+``python3 -m scripts.benchmarks.cases.gpu_session --out DIR`` on the device (after ``source .gpu/unpack.sh``):
 
 1. **chaos** (:func:`scripts.benchmarks.cases.transitions.run_chaos`): ``zbatch serve`` with 2 brokers and its
    workers per GPU, serving a model of e5-small-v2's shape; 256 clients; kill -9 of workers and brokers;

@@ -1,6 +1,6 @@
 """How long ``zbatch serve`` takes to answer, and where each worker's start went.
 
-``python -m scripts.benchmarks.studies.serve_start [--runs N] [--env NAME=VALUE ...]``: starts ``zbatch serve``
+``python -m scripts.benchmarks.cases.serve_start [--runs N] [--env NAME=VALUE ...]``: starts ``zbatch serve``
 (the model of ``ZBATCH_MODEL_PATH``, else the bundled one) ``N`` times in a row, each until its first embedding
 comes back, and prints the seconds to that answer, when each worker registered (from the spawn), and every
 worker's log line of its start phases (:mod:`worker.runners.phases`).  The runs after the first meet the start
