@@ -110,7 +110,8 @@ def test_a_connected_client_gives_a_broker_that_hangs_before_its_first_request_u
     async def scenario() -> list[str]:
         context = zmq.asyncio.Context()
         a, b = FakeBroker(context, "a"), FakeBroker(context, "b")
-        client = AsyncClient([a.endpoint, b.endpoint], context=context, timeout_ms=20_000, **FAST)
+        client = AsyncClient([a.endpoint, b.endpoint], context=context, timeout_ms=20_000,
+                             heartbeat_ms=FAST["heartbeat_ms"], heartbeat_liveness=FAST["heartbeat_liveness"])
         try:
             await client.connect()
             a.hang()
