@@ -60,17 +60,32 @@ async def start_children(kind: str, target: str, model: str, concurrency: int, w
     return [await asyncio.create_subprocess_exec(
         sys.executable, "-m", "scripts.benchmarks.load.processes", kind, target, "--model", model, "--concurrency",
         str(share), "--warmup", str(warmup_s), "--duration", str(duration_s), "--texts", str(texts), "--seed",
-        str(index), *options, stdout=asyncio.subprocess.PIPE, env=daemon_env(), cwd=ROOT)
+        str(index), *options, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=daemon_env(),
+        cwd=ROOT)
         for index, share in enumerate(shares)]
 
 
 async def collect(children: list[asyncio.subprocess.Process]) -> list[dict[str, Any]]:
-    """What each child measured, once all have finished."""
+    """What each child measured, once all have finished; a child that failed, or printed something other than its
+    result, is an error that shows what it printed and the end of its stderr."""
     outputs = await asyncio.gather(*(child.communicate() for child in children))
-    failed = [child.returncode for child in children if child.returncode]
-    if failed:
-        raise RuntimeError(f"{len(failed)} load generator(s) failed, with status {failed[0]}")
-    return [json.loads(stdout) for stdout, _ in outputs]
+    for _, stderr in outputs:
+        sys.stderr.buffer.write(stderr or b"")
+    return [_result(index, child.returncode, stdout, stderr or b"")
+            for index, (child, (stdout, stderr)) in enumerate(zip(children, outputs, strict=True))]
+
+
+def _result(index: int, status: int | None, stdout: bytes, stderr: bytes) -> dict[str, Any]:
+    """One child's printed result."""
+    try:
+        if status:
+            raise ValueError(f"it exited with status {status}")
+        result: dict[str, Any] = json.loads(stdout)
+    except ValueError as exc:
+        shown = stdout[:300] + (b" ... " + stdout[-300:] if len(stdout) > 600 else stdout[300:600])
+        raise RuntimeError(f"load generator {index} failed ({exc}); it printed {len(stdout)} bytes, {shown!r}, "
+                           f"and its stderr ended {stderr[-2000:]!r}") from None
+    return result
 
 
 async def gpu_busy(duration_s: float, every_s: float = 0.5) -> float | None:
