@@ -3,12 +3,12 @@
 ``spread_closed_loop`` starts ``processes`` children (``python -m scripts.benchmarks.load.processes ...``), each
 running ``concurrency / processes`` closed-loop clients (:mod:`scripts.benchmarks.load.loops`'s request loop)
 over HTTP (the gateway's ``/models/{model}``) or ZeroMQ (the project's ``AsyncClient``), ``texts`` texts a
-request.  Each child prints what it measured, with every answered request's latency, and the parent merges
+request.  Each child writes what it measured, with every answered request's latency, and the parent merges
 them: the rate over the common window, percentiles over all latencies, statuses summed, and the cores the
 whole machine used meanwhile (stack and load generator together: they share the host).  The cases that
 follow a stack through a transition (:mod:`scripts.benchmarks.cases.transitions`) start the children
 themselves (:func:`start_children`): with ``--ready URL`` a child starts its clients the moment URL answers
-200, and with ``--records`` it also prints every request (sent, answered, status), for the parent to
+200, and with ``--records`` its result also holds every request (sent, answered, status), for the parent to
 place them against the moments it killed or started something.
 """
 
@@ -20,10 +20,13 @@ import itertools
 import json
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,40 +54,56 @@ async def spread_closed_loop(kind: str, target: str, model: str, concurrency: in
                                     "gpu_busy_pct": gpu}
 
 
+@dataclass(frozen=True)
+class Child:
+    """A load generator's process and the file it writes its result to as it ends."""
+
+    process: asyncio.subprocess.Process
+    result: Path
+
+
 async def start_children(kind: str, target: str, model: str, concurrency: int, warmup_s: float, duration_s: float,
-                         processes: int = 4, texts: int = 1, *options: str) -> list[asyncio.subprocess.Process]:
+                         processes: int = 4, texts: int = 1, *options: str) -> list[Child]:
     """The children of :func:`spread_closed_loop`, started (``options``: more of their flags, such as
-    ``--records`` or ``--ready URL``); :func:`collect` their results."""
+    ``--records`` or ``--ready URL``); :func:`collect` their results.  Each writes its result to a file of its
+    own rather than to a pipe: a pipe read by the event loop has been seen to end short (a child that exited 0
+    and whose printed result did not parse, in CI)."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (index < concurrency % processes) for index in range(processes)]
-    return [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scripts.benchmarks.load.processes", kind, target, "--model", model, "--concurrency",
-        str(share), "--warmup", str(warmup_s), "--duration", str(duration_s), "--texts", str(texts), "--seed",
-        str(index), *options, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=daemon_env(),
-        cwd=ROOT)
-        for index, share in enumerate(shares)]
+    folder = Path(tempfile.mkdtemp(prefix="zbatch-load-"))
+    children = []
+    for index, share in enumerate(shares):
+        result = folder / f"child-{index}.json"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scripts.benchmarks.load.processes", kind, target, "--model", model,
+            "--concurrency", str(share), "--warmup", str(warmup_s), "--duration", str(duration_s), "--texts",
+            str(texts), "--seed", str(index), "--result", str(result), *options, env=daemon_env(), cwd=ROOT)
+        children.append(Child(process, result))
+    return children
 
 
-async def collect(children: list[asyncio.subprocess.Process]) -> list[dict[str, Any]]:
-    """What each child measured, once all have finished; a child that failed, or printed something other than its
-    result, is an error that shows what it printed and the end of its stderr."""
-    outputs = await asyncio.gather(*(child.communicate() for child in children))
-    for _, stderr in outputs:
-        sys.stderr.buffer.write(stderr or b"")
-    return [_result(index, child.returncode, stdout, stderr or b"")
-            for index, (child, (stdout, stderr)) in enumerate(zip(children, outputs, strict=True))]
+async def collect(children: list[Child]) -> list[dict[str, Any]]:
+    """What each child measured, once all have finished; a child that failed, or left no result that parses,
+    is an error that says which and what it left."""
+    await asyncio.gather(*(child.process.wait() for child in children))
+    results = [_result(index, child) for index, child in enumerate(children)]
+    for folder in {child.result.parent for child in children}:
+        folder.rmdir()
+    return results
 
 
-def _result(index: int, status: int | None, stdout: bytes, stderr: bytes) -> dict[str, Any]:
-    """One child's printed result."""
+def _result(index: int, child: Child) -> dict[str, Any]:
+    """One child's result, read from its file."""
+    written = child.result.read_bytes() if child.result.exists() else b""
     try:
-        if status:
-            raise ValueError(f"it exited with status {status}")
-        result: dict[str, Any] = json.loads(stdout)
+        if child.process.returncode:
+            raise ValueError(f"it exited with status {child.process.returncode}")
+        result: dict[str, Any] = json.loads(written)
     except ValueError as exc:
-        shown = stdout[:300] + (b" ... " + stdout[-300:] if len(stdout) > 600 else stdout[300:600])
-        raise RuntimeError(f"load generator {index} failed ({exc}); it printed {len(stdout)} bytes, {shown!r}, "
-                           f"and its stderr ended {stderr[-2000:]!r}") from None
+        shown = written[:300] + (b" ... " + written[-300:] if len(written) > 600 else written[300:600])
+        raise RuntimeError(f"load generator {index} failed ({exc}); it wrote {len(written)} bytes to "
+                           f"{child.result}: {shown!r} (its stderr is above)") from None
+    child.result.unlink()
     return result
 
 
@@ -202,10 +221,18 @@ def main() -> None:
                         help="start the clients the moment GET URL answers 200 (a gateway's /readyz)")
     parser.add_argument("--records", action="store_true",
                         help="also print every request: time.time() sent and answered, and its status")
+    parser.add_argument("--result", type=Path, default=None, metavar="PATH",
+                        help="write the result to PATH (whole, once the run ends) instead of printing it")
     args = parser.parse_args()
     from zbatch.runtime import eventloop
 
-    print(json.dumps(eventloop.run(_child(args))))
+    result = json.dumps(eventloop.run(_child(args)))
+    if args.result is None:
+        print(result)
+    else:
+        staged = args.result.with_suffix(".partial")
+        staged.write_text(result)
+        staged.rename(args.result)
 
 
 if __name__ == "__main__":
