@@ -100,7 +100,7 @@ class ModelOutput:
         return self._tensor
 
 
-PACKED_MAX_TOKENS = 512
+PACKED_MAX_TOKENS = 256
 
 
 class OrtModel:
