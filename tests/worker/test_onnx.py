@@ -232,7 +232,7 @@ def test_a_session_per_thread_count_follows_the_ledgers_grant(default_pair: tupl
             torch.set_num_threads(count)  # as the inference thread does for each batch
             session = sessions[count]
 
-            def run(*args: Any, session: Any = session, count: int = count) -> Any:
+            def run(*args: Any, session: Any = session, count: int = count, used: list[int] = used) -> Any:
                 used.append(count)
                 return type(session).run(session, *args)
 
