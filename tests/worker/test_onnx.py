@@ -19,7 +19,7 @@ from tests.worker.tiny_models import make_tiny_bert, make_tiny_longformer
 from worker.config import load_config
 from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, calibrations, default_model_path, load_runner, verdicts
 from worker.runners.onnx_export import META, cache_key, exported
-from worker.runners.onnx_session import session_threads, thread_counts
+from worker.runners.onnx_session import PACKED_MAX_TOKENS, OrtPacker, session_threads, thread_counts
 from worker.runners.runtime import INT8_MIN_COSINE, MIN_COSINE, agreement_with
 from zbatch.testing import ROOT
 
@@ -58,19 +58,41 @@ def test_auto_serves_the_default_model_on_onnx_runtime_with_torchs_vectors(defau
     assert len(onnx_runner.run(["alone"], {})[0]) == 384
 
 
-def test_length_groups_apply_to_onnx_runtime(default_pair: tuple[Any, Any]) -> None:
-    """Packing is torch's; under ORT a batch of short inputs and one long one still runs in length groups."""
-    _, runner = default_pair
-    assert runner._packer is None
-    assert runner.cost_model.seconds_per_token > 0  # calibrated on the ORT sessions
-    texts = ["short"] * 15 + [" ".join(["word"] * 200)]
+def test_the_default_model_runs_packed_on_onnx_runtime_in_groups_of_capped_tokens(
+        default_pair: tuple[Any, Any]) -> None:
+    """Its packed graph validated, so a batch runs with no padding, cut where a group would pass the cap, and
+    each input gets torch's vector whichever group it ran in."""
+    torch_runner, runner = default_pair
+    assert isinstance(runner._packer, OrtPacker)
+    texts = [f"text number {index} about the cat and the dog" for index in range(100)] + [" ".join(["word"] * 300)]
     planned = runner.plan(runner.encode(texts, {}), {})
-    assert not planned.packed and len(planned.groups) >= 2
-    runner.set_length_grouping(False)
+    assert planned.packed and len(planned.groups) >= 3
+    sizes = [int(arrays["lengths"].sum()) for _, arrays in planned.groups]
+    assert all(size <= PACKED_MAX_TOKENS for size in sizes), sizes
+    assert [index for group, _ in planned.groups for index in group] == list(range(len(texts)))
+    assert not runner.plan(runner.encode(["one alone"], {}), {}).packed  # the fused padded graph runs it faster
+    expected, got = torch_runner.run(texts, {}), runner.run(texts, {})
+    assert got.tokens == expected.tokens
+    assert min(cosine(a, b) for a, b in zip(expected, got, strict=True)) >= MIN_COSINE
+
+
+def test_length_groups_serve_onnx_runtime_without_a_packed_graph(default_pair: tuple[Any, Any]) -> None:
+    """Where no packed graph serves (here taken away from the runner), a batch of short inputs and one long one
+    runs in length groups, calibrated on the ORT sessions."""
+    _, runner = default_pair
+    packer, runner._packer = runner._packer, None
     try:
-        assert len(runner.plan(runner.encode(texts, {}), {}).groups) == 1
+        assert runner.cost_model.seconds_per_token > 0
+        texts = ["short"] * 15 + [" ".join(["word"] * 200)]
+        planned = runner.plan(runner.encode(texts, {}), {})
+        assert not planned.packed and len(planned.groups) >= 2
+        runner.set_length_grouping(False)
+        try:
+            assert len(runner.plan(runner.encode(texts, {}), {}).groups) == 1
+        finally:
+            runner.set_length_grouping(True)
     finally:
-        runner.set_length_grouping(True)
+        runner._packer = packer
 
 
 @pytest.mark.parametrize(("head", "task", "inputs", "parameters"), [
@@ -200,23 +222,28 @@ def test_a_session_per_thread_count_follows_the_ledgers_grant(default_pair: tupl
         assert session.get_session_options().intra_op_num_threads == count
         # idle threads sleep: no spinning on cores the ledger hands to another worker
         assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    packer = runner._packer
+    assert packer.counts == model.counts
     previous = torch.get_num_threads()
-    used: list[int] = []
-    for count in model.counts:
-        torch.set_num_threads(count)  # as the inference thread does for each batch
-        session = model.sessions[count]
+    for sessions, packs in ((model.sessions, False), (packer.sessions, True)):  # padded, then packed passes
+        used: list[int] = []
+        runner._packer = packer if packs else None
+        for count in model.counts:
+            torch.set_num_threads(count)  # as the inference thread does for each batch
+            session = sessions[count]
 
-        def run(*args: Any, session: Any = session, count: int = count) -> Any:
-            used.append(count)
-            return type(session).run(session, *args)
+            def run(*args: Any, session: Any = session, count: int = count, used: list[int] = used) -> Any:
+                used.append(count)
+                return type(session).run(session, *args)
 
-        session.run = run
-        try:
-            runner.run(["hello"], {})
-        finally:
-            del session.run
+            session.run = run
+            try:
+                runner.run(["hello", "a world"] if packs else ["hello"], {})  # one input alone runs padded
+            finally:
+                del session.run
+        assert used == model.counts
+    runner._packer = packer
     torch.set_num_threads(previous)
-    assert used == model.counts
 
 
 def test_int8_is_kept_only_at_its_bar_and_only_for_onnx_runtime(default_pair: tuple[Any, Any]) -> None:

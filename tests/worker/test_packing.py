@@ -13,6 +13,7 @@ from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
 from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, embeddings, load_runner
 from worker.runners.packing import PackedBert, packer_for
 from worker.runners.spec import InputError
+from worker.runners.text import packed_groups
 
 LENGTHS = [3, 17, 1, 9, 30]  # mixed, so a padded pass pads all but one
 
@@ -158,3 +159,14 @@ def test_switching_modes_times_the_pass_that_will_run(runner: embeddings.Embeddi
     finally:
         runner.set_length_grouping(True)
     assert packed_calls, "on again: the packed pass is timed"
+
+
+@pytest.mark.parametrize(("tokens", "cap", "expected"), [
+    ([10, 20, 30], None, [[0, 1, 2]]),
+    ([10, 20, 30], 30, [[0, 1], [2]]),
+    ([10, 50, 5, 5], 30, [[0], [1], [2, 3]]),  # one input over the cap runs alone
+    ([30, 30], 60, [[0, 1]]),
+])
+def test_packed_groups_keep_the_order_and_stay_under_the_cap(tokens: list[int], cap: int | None,
+                                                           expected: list[list[int]]) -> None:
+    assert packed_groups(list(range(len(tokens))), tokens, cap) == expected

@@ -19,6 +19,12 @@ first if no worker has done so yet:
   Then onnxruntime's transformer optimizer fuses attention, layer norms and
   GELU where it recognises them (``fused.onnx``; ``plain.onnx`` is kept too,
   and :mod:`worker.runners.runtime` validates the fused graph first).
+  A BERT encoder also gets ``packed.onnx``: the same model over one row of
+  a batch's inputs concatenated, positions restarting at each input and an
+  attention bias (0 within an input, the float minimum across inputs) as its
+  mask, so no padding token is ever computed (:mod:`worker.runners.packing`
+  says why that pays on a CPU; its attention is one dense call over the row,
+  so :mod:`worker.runners.onnx_session` caps a packed group's tokens).
   ``--quantize int8`` adds ``int8.onnx``: ORT's dynamic quantization of the
   fused graph's weights, its own cache entry.
 * **Atomic, and once**: a worker takes an exclusive lock on ``KEY.lock``,
@@ -39,19 +45,22 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from worker.runners.start_cache import locked
 
 log = logging.getLogger("zbatch.worker")
 
-FORMAT = 1  # bump when what an export writes changes, so old entries are not reused
+FORMAT = 2  # bump when what an export writes changes, so old entries are not reused
 CACHE_ENV = "ZBATCH_ONNX_CACHE"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-PLAIN, FUSED, INT8 = "plain.onnx", "fused.onnx", "int8.onnx"
+PLAIN, FUSED, INT8, PACKED = "plain.onnx", "fused.onnx", "int8.onnx", "packed.onnx"
+ATTENTION_BIAS = "attention_bias"  # the packed graph's mask: 0 within an input, the float minimum across inputs
 META = "meta.json"
 OUTPUT = "output"
 OPSET = 17
@@ -64,6 +73,7 @@ class Exported:
     folder: Path
     inputs: tuple[str, ...]
     graphs: tuple[str, ...]
+    packed: tuple[str, ...] = ()  # the packed graph's inputs in order, where the entry has one (PACKED)
 
     def path(self, graph: str) -> Path:
         return self.folder / graph
@@ -199,10 +209,11 @@ def _read_entry(folder: Path) -> Exported | None:
     """The entry in ``folder`` if its meta parses and names graphs that are there."""
     try:
         meta = json.loads((folder / META).read_text())
-        entry = Exported(folder, tuple(meta["inputs"]), tuple(meta["graphs"]))
+        entry = Exported(folder, tuple(meta["inputs"]), tuple(meta["graphs"]), tuple(meta.get("packed", ())))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return entry if entry.graphs and all(entry.path(graph).is_file() for graph in entry.graphs) else None
+    files = [*entry.graphs, *([PACKED] if entry.packed else [])]
+    return entry if entry.graphs and all(entry.path(graph).is_file() for graph in files) else None
 
 
 def _make(cache: Path, key: str, make: Any) -> None:
@@ -309,7 +320,47 @@ def _export(model: Any, head: str, input_names: list[str], folder: Path) -> dict
     graphs = [PLAIN]
     if _fuse(model.config, folder / PLAIN, folder / FUSED):
         graphs.insert(0, FUSED)
-    return {"inputs": names, "graphs": graphs, "head": head}
+    packed = _export_packed(model, head, names, folder / PACKED)
+    return {"inputs": names, "graphs": graphs, "head": head, **({"packed": packed} if packed else {})}
+
+
+def _export_packed(model: Any, head: str, names: list[str], target: Path) -> list[str]:
+    """Write the packed graph of a BERT encoder (:mod:`worker.runners.packing`'s pass, in ONNX): one row of a
+    batch's inputs concatenated, positions restarting at each, and an additive attention bias that keeps each
+    input's attention within its own tokens.  Returns its inputs in order, or [] where the model has no such
+    pass or the export fails (padded graphs serve)."""
+    import torch
+
+    from worker.runners.packing import packer_for
+
+    if head != "last_hidden_state" or "position_ids" not in names or packer_for(model, "cpu") is None:
+        return []
+    inputs = [*(name for name in names if name != "attention_mask"), ATTENTION_BIAS]
+    lengths = [7, 5]
+    example = {"input_ids": torch.tensor([[min(5 + i, int(model.config.vocab_size) - 1) for i in range(12)]]),
+               "token_type_ids": torch.zeros(1, 12, dtype=torch.long),
+               "position_ids": torch.cat([torch.arange(length) for length in lengths])[None],
+               ATTENTION_BIAS: torch.from_numpy(attention_bias(lengths))}
+    mapped = {ATTENTION_BIAS: "attention_mask"}  # a 4-D float mask is added to the scores as it is
+    axes = {name: {1: "tokens"} for name in inputs if name != ATTENTION_BIAS}
+    try:
+        with _quiet(), torch.inference_mode():
+            torch.onnx.export(_traced(model, head, [mapped.get(name, name) for name in inputs]),
+                              tuple(example[name] for name in inputs), target, dynamo=False, input_names=inputs,
+                              output_names=[OUTPUT], opset_version=OPSET,
+                              dynamic_axes={**axes, ATTENTION_BIAS: {2: "tokens", 3: "tokens"}, OUTPUT: {1: "tokens"}})
+    except Exception as exc:  # best-effort, as the fused graph is
+        log.info("the packed graph could not be exported (%s: %s); padded graphs serve", type(exc).__name__, exc)
+        target.unlink(missing_ok=True)
+        return []
+    return inputs
+
+
+def attention_bias(lengths: Sequence[int]) -> np.ndarray:
+    """The packed graph's attention bias for inputs of ``lengths``: ``(1, 1, tokens, tokens)`` float32."""
+    inputs = np.repeat(np.arange(len(lengths)), lengths)
+    same = inputs[:, None] == inputs[None, :]
+    return np.where(same, 0.0, np.finfo(np.float32).min).astype(np.float32)[None, None]
 
 
 def _fuse(config: Any, source: Path, target: Path) -> bool:

@@ -26,16 +26,25 @@ never runs more threads than it was granted.  ORT's threads do not spin
 while they wait (its default spins through the gaps between batches, on
 cores the ledger has handed to another worker): they sleep and leave the
 cores to the next worker.
+
+Packed passes.  Where the export wrote a packed graph and it validated,
+:class:`OrtPacker` runs a batch's inputs as one row with no padding
+(:mod:`worker.runners.packing`'s contract, so the runner's packed plan and
+pooling serve it unchanged).  Its attention is one dense call over the whole
+row, masked to each input's own tokens, so its cost grows with the square of
+the row: a packed group holds at most :data:`PACKED_MAX_TOKENS` tokens, where
+it still beat the padded graph on this project's CPU (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.runners.onnx_export import OUTPUT
+from worker.runners.onnx_export import ATTENTION_BIAS, OUTPUT, attention_bias
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -91,6 +100,9 @@ class ModelOutput:
         return self._tensor
 
 
+PACKED_MAX_TOKENS = 256
+
+
 class OrtModel:
     """An exported graph run by ONNX Runtime, called like the transformers model it was exported from."""
 
@@ -104,6 +116,10 @@ class OrtModel:
         self.inputs = inputs
         self.counts = thread_counts(full_threads)
         self.sessions = {count: make_session(path, count) for count in self.counts}
+
+    def packer(self, path: Path, inputs: tuple[str, ...]) -> OrtPacker:
+        """The packed graph at ``path`` (taking ``inputs``) in sessions for this model's thread counts."""
+        return OrtPacker({count: make_session(path, count) for count in self.counts}, inputs, self.counts)
 
     def __call__(self, **tensors: torch.Tensor) -> ModelOutput:
         import torch
@@ -124,3 +140,31 @@ class OrtModel:
             else:
                 feed[name] = np.zeros(ids.shape, dtype=np.int64)
         return feed
+
+
+class OrtPacker:
+    """A packed graph in ONNX Runtime: :class:`~worker.runners.packing.Packer`'s call over a packed group."""
+
+    max_tokens = PACKED_MAX_TOKENS
+    min_inputs = 2  # one input alone has no padding, and the fused padded graph runs it faster
+
+    def __init__(self, sessions: dict[int, onnxruntime.InferenceSession], inputs: tuple[str, ...],
+                 counts: list[int]) -> None:
+        self.sessions = sessions
+        self.inputs = inputs
+        self.counts = counts
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                 lengths: Sequence[int]) -> torch.Tensor:
+        """The last hidden state of each token, ``(sum(lengths), hidden)``, for inputs concatenated in order."""
+        import torch
+
+        ids = input_ids.numpy().astype(np.int64, copy=False)[None]
+        arrays = {"input_ids": ids,
+                  "token_type_ids": (token_type_ids.numpy().astype(np.int64, copy=False)[None]
+                                     if token_type_ids is not None else np.zeros_like(ids)),
+                  "position_ids": np.concatenate([np.arange(length, dtype=np.int64) for length in lengths])[None],
+                  ATTENTION_BIAS: attention_bias(lengths)}
+        session = self.sessions[session_threads(torch.get_num_threads(), self.counts)]
+        output = session.run([OUTPUT], {name: arrays[name] for name in self.inputs})[0]
+        return torch.from_numpy(output[0])

@@ -29,14 +29,27 @@ tells the thread governor what a batch should take.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
 
+class Packer(Protocol):
+    """A packed pass: the last hidden state of each token of inputs concatenated in order."""
+
+    max_tokens: int | None  # the most tokens one packed group may hold; None: any number
+    min_inputs: int  # the fewest inputs worth a packed pass: below it the padded pass runs (it has no padding)
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                 lengths: Sequence[int]) -> torch.Tensor: ...
+
+
 class PackedBert:
     """Runs a ``transformers`` BertModel's encoder over packed inputs, borrowing its own layers and weights."""
+
+    max_tokens: int | None = None  # attention runs per input: a group's cost grows with its tokens alone
+    min_inputs = 1
 
     def __init__(self, model: Any) -> None:
         self._model = model

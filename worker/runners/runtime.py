@@ -179,12 +179,14 @@ def _serving(runner: Any, ort_model: Any, spec: ModelSpec, verdict: verdicts.Ver
     for warning in verdict.warnings:
         log.warning("model %s: %s", spec.name, warning)
     runner._model = ort_model
-    runner._packer = None  # packing is torch's; length groups serve ORT
+    runner._packer = (ort_model.packer(verdict.packed, verdict.packed_inputs)
+                      if verdict.packed is not None and _packs(runner) else None)  # else length groups serve ORT
     runner.runtime = f"onnxruntime {onnxruntime.__version__}"
     log.info("model %s runs on ONNX Runtime %s (%s, cosine %.7f to torch on %d inputs padded and alone, %s; %d "
-             "session(s) for %s thread(s); graph %s)", spec.name, onnxruntime.__version__, verdict.label,
+             "session(s) for %s thread(s); graph %s%s)", spec.name, onnxruntime.__version__, verdict.label,
              verdict.agreement, verdict.samples, how, len(ort_model.counts), "/".join(map(str, ort_model.counts)),
-             verdict.graph)
+             verdict.graph, f"; packed passes of up to {runner._packer.max_tokens} tokens: {verdict.packed}"
+             if runner._packer is not None else "")
     return runner
 
 
@@ -228,10 +230,56 @@ def with_onnx(runner: TextRunner, spec: ModelSpec) -> tuple[verdicts.Verdict, An
             verdict = verdicts.Verdict(entry.path(graph), entry.inputs, graph, agreement, len(samples))
             if spec.quantize == "int8":
                 return _int8(runner, spec, entry, candidate, verdict, samples)
-            return verdict, candidate
+            return _with_packed(runner, entry, candidate, verdict, samples), candidate
         failed.append(f"{graph} at cosine {agreement:.6f}")
     raise ExportRefused(f"its ONNX export does not validate against torch ({'; '.join(failed)}; it must reach "
                         f"cosine {MIN_COSINE} on padded and unpadded inputs)")
+
+
+def _with_packed(runner: TextRunner, entry: Any, ort_model: Any, verdict: verdicts.Verdict,
+                 samples: list[Any]) -> verdicts.Verdict:
+    """``verdict`` with the entry's packed graph where the runner packs and the graph agrees with torch as the
+    padded one must; else as it was, with one log line why not."""
+    if not entry.packed or not _packs(runner):
+        return verdict
+    path = entry.path(onnx_export.PACKED)
+    try:
+        with phases.phase("validation"):
+            agreement = packed_agreement(runner, runner._model, ort_model.packer(path, entry.packed), samples)
+    except Exception as exc:
+        log.info("the packed graph fails (%s: %s); padded graphs serve", type(exc).__name__, _first_line(exc))
+        return verdict
+    if agreement < MIN_COSINE:
+        log.info("the packed graph agrees with torch at cosine %.6f only; padded graphs serve", agreement)
+        return verdict
+    return dataclasses.replace(verdict, packed=path, packed_inputs=entry.packed)
+
+
+def _packs(runner: TextRunner) -> bool:
+    """Whether the runner has a packed pass to run (embeddings do; a classifier's head needs padded rows)."""
+    return type(runner)._forward_packed is not TextRunner._forward_packed and not runner.device.startswith("cuda")
+
+
+def packed_agreement(runner: TextRunner, reference: Any, packer: Any, samples: list[Any]) -> float:
+    """The lowest agreement (cosine) between ``reference``'s padded rows and ``packer``'s packed ones over
+    ``samples``, pooled as the runner pools them, all in one packed group and each alone."""
+    import torch
+
+    from worker.runners.pooling import repadded
+
+    encodings = runner.encode(samples, {})
+    lowest = 1.0
+    for batch in [encodings, *([each] for each in encodings)]:
+        arrays = runner._pad(batch)  # type: ignore[arg-type]  # encode refuses nothing: every sample truncates
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        lengths = [each.length for each in batch]  # type: ignore[union-attr]
+        ids = torch.from_numpy(np.concatenate([each.rows["input_ids"] for each in batch]))  # type: ignore[union-attr]
+        with torch.inference_mode():
+            expected = _rows(runner, reference(**tensors)[0], tensors["attention_mask"])
+            hidden, mask = repadded(packer(ids, None, lengths), lengths)
+            got = _rows(runner, hidden, mask)
+        lowest = min(lowest, *(_agreement(a, b) for a, b in zip(expected, got, strict=True)))
+    return lowest
 
 
 def _int8(runner: TextRunner, spec: ModelSpec, entry: Any, ort_model: Any, validated: verdicts.Verdict,

@@ -51,7 +51,7 @@ import numpy as np
 from worker.runners import calibrations
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 from worker.runners.operations import decode_ids
-from worker.runners.packing import PackedBert
+from worker.runners.packing import Packer
 from worker.runners.phases import phase
 from worker.runners.prompts import Prompts, prompted
 from worker.runners.shapes import Buckets
@@ -209,7 +209,7 @@ class TextRunner:
         self._model = model
         self.prompts = prompts_of(spec, self.takes_prompts)
         self._length_grouping = True
-        self._packer: PackedBert | None = None  # set by a subclass that can run packed groups
+        self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
         self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1)
 
@@ -347,11 +347,12 @@ class TextRunner:
         outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
         tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
         runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
-        if self._packer is not None and self._length_grouping and runnable:
+        if self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs):
             lengths = [tokens[i] for i in runnable]
             modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
-            packed = _concatenated([encodings[i] for i in runnable])  # type: ignore[misc]
-            return Planned([(runnable, packed)], outputs, tokens, options, modelled, packed=True)
+            groups = packed_groups(runnable, tokens, self._packer.max_tokens)
+            packed = [(group, _concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
+            return Planned(packed, outputs, tokens, options, modelled, packed=True)
         if self.buckets is not None:  # padding costs little here, a new shape much: one group, in its bucket
             groups, modelled = ([runnable] if runnable else []), 0.0
         else:
@@ -492,6 +493,22 @@ def _to_device(tensor: Any, device: str) -> Any:
     if device == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def packed_groups(runnable: list[int], tokens: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """``runnable`` in order, cut into groups of at most ``max_tokens`` tokens each (one input longer than that
+    alone); one group where there is no cap."""
+    if max_tokens is None:
+        return [runnable]
+    groups: list[list[int]] = []
+    room = 0
+    for index in runnable:
+        if not groups or tokens[index] > room:
+            groups.append([])
+            room = max_tokens
+        groups[-1].append(index)
+        room -= tokens[index]
+    return groups
 
 
 def _concatenated(encodings: list[Encoding]) -> dict[str, np.ndarray]:

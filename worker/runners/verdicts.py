@@ -41,7 +41,7 @@ from worker.runners.device import cpu_identity
 from worker.runners.spec import ModelSpec
 from worker.runners.start_cache import Record, RecordKey
 
-FORMAT = 1  # bump when validation, or the sessions a validated graph runs in, change
+FORMAT = 2  # bump when validation, or the sessions a validated graph runs in, change
 KIND = "verdicts"
 ONNX_RUNTIME, TORCH = "onnxruntime", "torch"
 
@@ -57,6 +57,8 @@ class Verdict:
     samples: int = 0
     reason: str = ""  # with no graph: why ONNX Runtime does not serve the model
     warnings: tuple[str, ...] = ()  # said again at every start that uses the verdict (an int8 graph not kept, say)
+    packed: Path | None = None  # the packed graph, where it validated too (worker.runners.onnx_session.OrtPacker)
+    packed_inputs: tuple[str, ...] = ()
 
     @classmethod
     def torch(cls, reason: str) -> Verdict:
@@ -86,14 +88,18 @@ def to_record(verdict: Verdict, cache: Path) -> Record:
     stat = verdict.graph.stat()
     return {"runtime": ONNX_RUNTIME, "graph": str(verdict.graph.relative_to(cache)),
             "graph_file": [stat.st_size, stat.st_mtime_ns], "inputs": list(verdict.inputs), "label": verdict.label,
-            "agreement": verdict.agreement, "samples": verdict.samples, "warnings": list(verdict.warnings)}
+            "agreement": verdict.agreement, "samples": verdict.samples, "warnings": list(verdict.warnings),
+            **({"packed": str(verdict.packed.relative_to(cache)), "packed_inputs": list(verdict.packed_inputs)}
+               if verdict.packed is not None else {})}
 
 
 def from_record(record: Record, cache: Path) -> Verdict:
     if record["runtime"] == TORCH:
         return Verdict.torch(str(record["reason"]))
+    packed = record.get("packed")
     return Verdict(cache / record["graph"], tuple(map(str, record["inputs"])), str(record["label"]),
-                   float(record["agreement"]), int(record["samples"]), "", tuple(map(str, record["warnings"])))
+                   float(record["agreement"]), int(record["samples"]), "", tuple(map(str, record["warnings"])),
+                   cache / str(packed) if packed else None, tuple(map(str, record.get("packed_inputs", ()))))
 
 
 def usable(cache: Path) -> Callable[[Record], str]:
@@ -109,6 +115,8 @@ def usable(cache: Path) -> Callable[[Record], str]:
         stat = graph.stat()
         if [stat.st_size, stat.st_mtime_ns] != list(record["graph_file"]):
             return f"names a graph that changed since it was validated ({graph})"
+        if record.get("packed") and not (cache / str(record["packed"])).is_file():
+            return f"names a packed graph that is gone ({cache / str(record['packed'])})"
         return ""
 
     return check
