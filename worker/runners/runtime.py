@@ -25,7 +25,10 @@ The first graph that holds replaces the runner's model
 (:class:`~worker.runners.onnx_session.OrtModel`); the torch model is dropped.
 ``--quantize int8`` then tries ORT's int8 graph at the lower bar
 :data:`INT8_MIN_COSINE` and keeps the float32 graph, with a log line, where
-it falls short.
+it falls short.  Where the runner packs (embeddings on a CPU) and the export
+holds a packed graph, that graph is validated the same way, all samples in
+one packed row and each alone, and serves the runner's packed groups
+(:class:`~worker.runners.onnx_session.OrtPacker`) only if it holds too.
 
 The outcome is the model's *verdict*, kept in the start cache
 (:mod:`worker.runners.verdicts`).  :func:`load` looks for it before anything
