@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -260,7 +261,7 @@ def _with_packed(runner: TextRunner, entry: Any, ort_model: Any, verdict: verdic
 
 def _packs(runner: TextRunner) -> bool:
     """Whether the runner has a packed pass to run (embeddings do; a classifier's head needs padded rows)."""
-    return type(runner)._forward_packed is not TextRunner._forward_packed and not runner.device.startswith("cuda")
+    return type(runner)._forward_packed is not TextRunner._forward_packed
 
 
 def packed_agreement(runner: TextRunner, reference: Any, packer: Any, samples: list[Any]) -> float:
@@ -270,19 +271,13 @@ def packed_agreement(runner: TextRunner, reference: Any, packer: Any, samples: l
 
     from worker.runners.pooling import repadded
 
-    encodings = runner.encode(samples, {})
-    lowest = 1.0
-    for batch in [encodings, *([each] for each in encodings)]:
-        arrays = runner._pad(batch)  # type: ignore[arg-type]  # encode refuses nothing: every sample truncates
-        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
-        lengths = [each.length for each in batch]  # type: ignore[union-attr]
-        ids = torch.from_numpy(np.concatenate([each.rows["input_ids"] for each in batch]))  # type: ignore[union-attr]
-        with torch.inference_mode():
-            expected = _rows(runner, reference(**tensors)[0], tensors["attention_mask"])
-            hidden, mask = repadded(packer(ids, None, lengths), lengths)
-            got = _rows(runner, hidden, mask)
-        lowest = min(lowest, *(_agreement(a, b) for a, b in zip(expected, got, strict=True)))
-    return lowest
+    def rows(batch: list[Any], tensors: dict[str, Any]) -> list[np.ndarray]:
+        lengths = [each.length for each in batch]
+        ids = torch.from_numpy(np.concatenate([each.rows["input_ids"] for each in batch]))
+        hidden, mask = repadded(packer(ids, None, lengths), lengths)
+        return _rows(runner, hidden, mask)
+
+    return _lowest_agreement(runner, reference, samples, rows)
 
 
 def _int8(runner: TextRunner, spec: ModelSpec, entry: Any, ort_model: Any, validated: verdicts.Verdict,
@@ -325,17 +320,26 @@ def _samples(runner: TextRunner) -> list[Any]:
 def agreement_with(runner: TextRunner, reference: Any, candidate: Any, samples: list[Any]) -> float:
     """The lowest agreement (cosine) between ``reference``'s and ``candidate``'s outputs over ``samples``,
     run as one padded batch and each alone."""
+    def rows(batch: list[Any], tensors: dict[str, Any]) -> list[np.ndarray]:
+        return _rows(runner, candidate(**tensors)[0], tensors["attention_mask"])
+
+    return _lowest_agreement(runner, reference, samples, rows)
+
+
+def _lowest_agreement(runner: TextRunner, reference: Any, samples: list[Any],
+                      candidate_rows: Callable[[list[Any], dict[str, Any]], list[np.ndarray]]) -> float:
+    """The lowest cosine between ``reference``'s padded rows and ``candidate_rows(batch, padded tensors)`` over
+    ``samples``, all in one batch and each alone."""
     import torch
 
     encodings = runner.encode(samples, {})
-    batches = [encodings, *([each] for each in encodings)]
     lowest = 1.0
-    for batch in batches:
+    for batch in [encodings, *([each] for each in encodings)]:
         arrays = runner._pad(batch)  # type: ignore[arg-type]  # encode refuses nothing: every sample truncates
         tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         with torch.inference_mode():
             expected = _rows(runner, reference(**tensors)[0], tensors["attention_mask"])
-            got = _rows(runner, candidate(**tensors)[0], tensors["attention_mask"])
+            got = candidate_rows(batch, tensors)
         lowest = min(lowest, *(_agreement(a, b) for a, b in zip(expected, got, strict=True)))
     return lowest
 

@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--ready", default=None, metavar="URL",
                         help="start the clients the moment GET URL answers 200 (a gateway's /readyz)")
     parser.add_argument("--records", action="store_true",
-                        help="also print every request: time.time() sent and answered, and its status")
+                        help="also record every request in the result: time.time() sent and answered, and its status")
     parser.add_argument("--result", type=Path, default=None, metavar="PATH",
                         help="write the result to PATH (whole, once the run ends) instead of printing it")
     args = parser.parse_args()
