@@ -13,13 +13,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from tests.worker.tiny_models import make_tiny_bert, with_prompts
+from tests.worker.tiny_models import make_tiny_bert, make_tiny_qwen3, with_prompts, with_st_modules
 from worker.runners import InputError, ModelSpec, load_runner, operation_of
 from worker.runners.embeddings import EmbeddingRunner
 from worker.runners.sparse import SparseEmbeddingRunner
 from worker.runners.spec import check_request
 from worker.runners.text import Encoding, TextRunner
 from worker.runners.token_ids import SpecialFrame, outside_vocabulary
+from zbatch.protocol import payloads
 from zbatch.protocol import vocabulary as v
 
 TEXTS = ["hello world", "the cat is happy", "red " * 300 + "blue", "a dog"]
@@ -196,3 +197,63 @@ def test_only_embeddings_models_run_ids() -> None:
                             ("fill-mask", v.RUN)):
         with pytest.raises(InputError, match=r"token ids are taken by 'decode', and by the 'run' of embeddings"):
             check_request(task, operation, ids)
+
+
+# ------------------------------------------------------------------ a tokenizer for the edge (gateway/edge.py)
+
+
+def edge_ids(runner: TextRunner, texts: list[str]) -> tuple[list[np.ndarray], str]:
+    """The texts' ids as a gateway makes them from what the ``tokenizer`` operation gives, and the fingerprint."""
+    from tokenizers import Tokenizer
+
+    fingerprint = runner.details.tokenizer
+    (serialized,) = operation_of(runner, v.TOKENIZER)([fingerprint], {})
+    assert payloads.tokenizer_fingerprint(serialized) == fingerprint
+    tokenizer = Tokenizer.from_str(serialized)
+    return [np.asarray(each.ids, dtype=np.int32) for each in tokenizer.encode_batch(texts)], fingerprint
+
+
+def test_edge_ids_run_to_the_texts_vectors_and_counts(embedder: EmbeddingRunner) -> None:
+    ids, fingerprint = edge_ids(embedder, TEXTS)
+    assert ids[LONG].size > embedder.max_length  # untruncated: the worker truncates them as it would the text
+    for parameters in ({}, {v.TRUNCATION_DIRECTION: "left"}, {v.DIMENSIONS: 8, v.NORMALIZE: False}):
+        from_text = embedder.run(TEXTS, parameters)
+        from_ids = embedder.run(ids, parameters | {v.TOKENIZED_BY: fingerprint})
+        assert_same_vectors(from_ids, from_text)
+        assert from_ids.tokens == from_text.tokens  # type: ignore[attr-defined]
+    (refused,) = embedder.run([ids[LONG]], {v.TRUNCATE: False, v.TOKENIZED_BY: fingerprint})
+    assert isinstance(refused, InputError) and str(refused) == str(embedder.run([TEXTS[LONG]], {v.TRUNCATE: False})[0])
+
+
+def test_the_edge_tokenizer_lowercases_where_the_models_modules_ask(models: Path) -> None:
+    folder = with_st_modules(make_tiny_qwen3(models / "lowercased"), "lasttoken", do_lower_case=True)
+    runner = load_runner(ModelSpec("tiny-lowercased", folder))
+    assert isinstance(runner, EmbeddingRunner)
+    texts = ["Hello World", "the CAT"]
+    (shouted, quiet), fingerprint = edge_ids(runner, [texts[0], texts[0].lower()])
+    assert shouted.tolist() == quiet.tolist()
+    ids, _ = edge_ids(runner, texts)
+    assert_same_vectors(runner.run(ids, {v.TOKENIZED_BY: fingerprint}), runner.run(texts, {}))
+
+
+def test_ids_from_another_tokenizer_are_refused(embedder: EmbeddingRunner) -> None:
+    ids, fingerprint = edge_ids(embedder, TEXTS[:1])
+    other = "0" * 16
+    with pytest.raises(InputError, match=f"tokenized with tokenizer '{other}' and this worker's model 'tiny' uses "
+                                         f"{fingerprint}: send the texts"):
+        embedder.run(ids, {v.TOKENIZED_BY: other})
+    (answer,) = operation_of(embedder, v.TOKENIZER)([other], {})
+    assert isinstance(answer, InputError) and f"this worker's tokenizer is {fingerprint}, not '{other}'" in str(answer)
+
+
+def test_models_whose_ids_are_not_their_texts_announce_no_tokenizer(models: Path) -> None:
+    prompted = with_prompts(make_tiny_bert(models / "edge-default", "feature-extraction"), {"query": "query: "},
+                            default="query")
+    classifier = make_tiny_bert(models / "edge-classifier", "text-classification")
+    for runner in (load_runner(ModelSpec("tiny-default", prompted)),
+                   load_runner(ModelSpec("tiny-classifier", classifier, "text-classification"))):
+        assert isinstance(runner, TextRunner) and runner.details.tokenizer == ""
+        with pytest.raises(InputError, match="announces no tokenizer to tokenize with elsewhere"):
+            operation_of(runner, v.TOKENIZER)(["0" * 16], {})
+        with pytest.raises(InputError, match="unknown parameter"):
+            runner.run(["a dog"], {v.TOKENIZED_BY: "0" * 16})

@@ -28,6 +28,7 @@ from zbatch.protocol.vocabulary import (
     RUN,
     SPARSE_EMBEDDINGS,
     TOKENIZE,
+    TOKENIZER,
 )
 
 Operation = Callable[[list[Any], dict[str, Any]], list[Any]]
@@ -99,11 +100,11 @@ def operation_of(runner: Runner, operation: str) -> Operation:
     """The runner's method for a request's ``operation`` (its name); one that refuses every batch if it has none."""
     if operation == RUN:
         return runner.run
-    method: Operation | None = getattr(runner, operation, None)
+    method: Operation | None = getattr(runner, "serialized_tokenizer" if operation == TOKENIZER else operation, None)
     if method is not None:
         return method
     message = (f"model {runner.spec.name!r} has no tokenizer; the {operation!r} operation works on text models"
-               if operation in (TOKENIZE, DECODE) else
+               if operation in (TOKENIZE, DECODE, TOKENIZER) else
                f"model {runner.spec.name!r} is a {runner.spec.task} model; the {operation!r} operation works on "
                "embeddings models")
 

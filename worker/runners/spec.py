@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zbatch.hub import BUNDLED_MODEL_NAME, bundled_model_path
-from zbatch.protocol.vocabulary import CLASSIFICATION, EMBEDDINGS, RERANK, SPARSE_EMBEDDINGS
+from zbatch.protocol.vocabulary import CLASSIFICATION, EMBEDDINGS, RERANK, SPARSE_EMBEDDINGS, TOKENIZER
 from zbatch.protocol.vocabulary import CUSTOM_TASK_PREFIX as CUSTOM_TASK_PREFIX
 from zbatch.protocol.vocabulary import DECODE as DECODE
 from zbatch.protocol.vocabulary import EMBED_ALL as EMBED_ALL
@@ -90,6 +90,7 @@ class ModelDetails:
     dimensions: int | None = None
     dtype: str = ""
     labels: tuple[str, ...] = ()
+    tokenizer: str = ""  # the fingerprint of the tokenizer a sender may tokenize with (token_ids.edge_form)
 
 
 def announced_labels(id2label: dict[int, Any] | None) -> tuple[str, ...]:
@@ -142,7 +143,7 @@ def input_kind(task: str, operation: str = RUN) -> InputKind:
         return InputKind.IDS
     if task in TAKES_IDS and operation in (RUN, EMBED_ALL):
         return InputKind.TEXT_OR_IDS
-    if operation in (TOKENIZE, EMBED_ALL):
+    if operation in (TOKENIZE, EMBED_ALL, TOKENIZER):
         return InputKind.TEXT
     if task == RERANK:
         return InputKind.PAIR

@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -64,8 +64,18 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
-from worker.runners.token_ids import SpecialFrame, outside_vocabulary
-from zbatch.protocol.vocabulary import ADD_SPECIAL_TOKENS, PROMPT_NAME, TOKENIZE, TRUNCATE, TRUNCATION_DIRECTION
+from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
+from zbatch.protocol.payloads import tokenizer_fingerprint
+from zbatch.protocol.vocabulary import (
+    ADD_SPECIAL_TOKENS,
+    PROMPT_NAME,
+    TOKENIZE,
+    TOKENIZED_BY,
+    TOKENIZER,
+    TRUNCATE,
+    TRUNCATION_DIRECTION,
+)
+from zbatch.protocol.wire import shortened
 
 log = logging.getLogger("zbatch.worker")
 TRUNCATION_PARAMETERS = frozenset({TRUNCATE, TRUNCATION_DIRECTION})
@@ -208,6 +218,9 @@ class TextRunner:
         self._own_tokenizers = threading.local()
         self._model = model
         self.prompts = prompts_of(spec, self.takes_prompts)
+        self._edge_form = edge_form(tokenizer, self.kind is InputKind.TEXT_OR_IDS, self.prompts.prefix({}))
+        fingerprint = tokenizer_fingerprint(self._edge_form) if self._edge_form else ""
+        self.details = replace(self.details, tokenizer=fingerprint)
         self._length_grouping = True
         self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
@@ -275,8 +288,9 @@ class TextRunner:
         """Each input tokenized for the model, or the InputError that refuses it alone; InputError for a bad
         batch.  The tokenizer only, never torch: any thread may call it."""
         check_inputs(inputs, self.kind, self.spec.task)
-        check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters,
-                         self.spec.task)
+        check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters
+                         | self._edge_parameters, self.spec.task)
+        self._check_tokenized_by(parameters)
         truncation = truncation_of(parameters)
         self._options(parameters)
         prefix = self.prompts.prefix(parameters) if self.takes_prompts else ""
@@ -372,6 +386,31 @@ class TextRunner:
             for index, output in zip(group, forward(encoded, planned.options)[:len(group)], strict=True):
                 outputs[index] = output  # a bucket's filler rows come last: their outputs are dropped
         return Outputs(outputs, list(planned.tokens))
+
+    def serialized_tokenizer(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        """The ``tokenizer`` operation: for each input, a fingerprint, the tokenizer it names serialized
+        (:func:`~worker.runners.token_ids.edge_form`), for a gateway that tokenizes for this model."""
+        self.modelled_seconds = 0.0
+        check_parameters(parameters, frozenset(), repr(TOKENIZER))
+        own = self.details.tokenizer
+        if not own:
+            raise InputError(f"model {self.spec.name!r} announces no tokenizer to tokenize with elsewhere (it takes "
+                             "no token ids, has no fast tokenizer, or has a default prompt): send it texts")
+        return Outputs([self._edge_form if item == own else
+                        InputError(f"this worker's tokenizer is {own}, not {shortened(repr(item))}")
+                        for item in inputs], [0] * len(inputs))
+
+    def _check_tokenized_by(self, parameters: dict[str, Any]) -> None:
+        """Refuse token ids made with a tokenizer other than this worker's (a model changed under its name)."""
+        sender = parameters.get(TOKENIZED_BY)
+        if sender is not None and sender != self.details.tokenizer:
+            raise InputError(f"these inputs were tokenized with tokenizer {shortened(repr(sender))} and this "
+                             f"worker's model {self.spec.name!r} uses {self.details.tokenizer or 'none that can'}: "
+                             "send the texts, or retry once the sender has its new tokenizer")
+
+    @property
+    def _edge_parameters(self) -> frozenset[str]:
+        return frozenset({TOKENIZED_BY}) if self._edge_form else frozenset()
 
     @property
     def _prompt_parameters(self) -> frozenset[str]:

@@ -8,6 +8,12 @@ against the vocabulary (:func:`outside_vocabulary`, one check for both
 operations) and truncates them as the tokenizer truncates a text
 (:class:`SpecialFrame`): the special tokens the tokenizer puts around a text
 stay, and the tokens between them are cut.
+
+A gateway may tokenize for the model (PROTOCOL.md 3.4, 5.3): :func:`edge_form` is
+the tokenizer it gets (the ``tokenizer`` operation), serialized as the worker
+runs it (lowercasing a model's modules ask for included), and READY names it by
+fingerprint.  Ids it makes untruncated are then the text's encoding, truncated
+here as the text would be, so vectors and counts are the same either way.
 """
 
 from __future__ import annotations
@@ -16,6 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+
+def edge_form(tokenizer: Any, takes_ids: bool, default_prompt: str) -> str:
+    """The tokenizer as a sender tokenizes with it (``tokenizers``' JSON, truncation and padding off), or "" where
+    its ids would not run as the texts do: a runner that takes no ids, a tokenizer with no fast (Rust) form, or a
+    default prompt, which cannot go before ids."""
+    if not takes_ids or not getattr(tokenizer, "is_fast", False) or default_prompt:
+        return ""
+    from tokenizers import Tokenizer
+
+    edge = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    edge.no_truncation()
+    edge.no_padding()
+    serialized: str = edge.to_str()
+    return serialized
 
 
 def outside_vocabulary(ids: np.ndarray, vocabulary: int) -> str | None:

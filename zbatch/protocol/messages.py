@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -33,7 +34,9 @@ MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
 MAX_DTYPE_CHARS: Final = 32
 MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
 MAX_LABEL_CHARS: Final = 128
-MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels"})
+TOKENIZER_FINGERPRINT: Final = re.compile(r"[0-9a-f]{16}")  # payloads.tokenizer_fingerprint's form
+MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels",
+                                    "tokenizer"})
 # Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
 
 
@@ -118,12 +121,13 @@ class ModelInfo:
     dimensions: int | None = None  # numbers in one embedding
     dtype: str = ""  # the weights' dtype, such as "float32"
     labels: tuple[str, ...] = ()  # a classifier's labels, by id
+    tokenizer: str = ""  # the fingerprint of a tokenizer whose ids the model takes as it takes texts (3.4)
 
     def details(self) -> dict[str, Any]:
         """The fields after the name, without the unknown ones: READY's model map and STATS' ``info``."""
         details: dict[str, Any] = {"task": self.task, "max_batch_size": self.max_batch_size}
         for key, value in (("max_length", self.max_length), ("dimensions", self.dimensions),
-                           ("dtype", self.dtype), ("labels", list(self.labels))):
+                           ("dtype", self.dtype), ("labels", list(self.labels)), ("tokenizer", self.tokenizer)):
             if value:
                 details[key] = value
         return details

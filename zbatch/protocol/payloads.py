@@ -9,6 +9,7 @@ and strict, and raises only :class:`zbatch.protocol.wire.ProtocolError`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import threading
@@ -102,3 +103,9 @@ def decode_payload(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
         raise
     except Exception as exc:
         raise ProtocolError(f"payload is not valid msgpack ({type(exc).__name__})") from None
+
+
+def tokenizer_fingerprint(serialized: str) -> str:
+    """What names a tokenizer in READY and in a request's ``tokenized_by`` (PROTOCOL.md 3.4): the first 16
+    hexadecimal digits of the SHA-256 of its serialized form (the JSON of the ``tokenizers`` library), UTF-8."""
+    return hashlib.sha256(serialized.encode("utf-8")).hexdigest()[:16]

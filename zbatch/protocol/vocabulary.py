@@ -30,7 +30,8 @@ RUN: Final = "run"  # the model (the default)
 TOKENIZE: Final = "tokenize"  # the tokenizer alone: each text's tokens
 EMBED_ALL: Final = "embed_all"  # an embeddings model without pooling: a vector per token
 DECODE: Final = "decode"  # the tokenizer backwards: token ids to text
-OPERATIONS: Final = (RUN, TOKENIZE, EMBED_ALL, DECODE)
+TOKENIZER: Final = "tokenizer"  # the tokenizer itself, serialized, for a sender that tokenizes at the edge
+OPERATIONS: Final = (RUN, TOKENIZE, EMBED_ALL, DECODE, TOKENIZER)
 
 # ------------------------------------------------------------------ payload keys (PROTOCOL.md 5.1)
 
@@ -55,3 +56,4 @@ TOP_K: Final = "top_k"
 THRESHOLD: Final = "threshold"
 ADD_SPECIAL_TOKENS: Final = "add_special_tokens"
 SKIP_SPECIAL_TOKENS: Final = "skip_special_tokens"
+TOKENIZED_BY: Final = "tokenized_by"  # the fingerprint of the tokenizer that made a request's token ids

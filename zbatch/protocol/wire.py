@@ -125,6 +125,9 @@ from zbatch.protocol.messages import (
     STATUSES as STATUSES,
 )
 from zbatch.protocol.messages import (
+    TOKENIZER_FINGERPRINT as TOKENIZER_FINGERPRINT,
+)
+from zbatch.protocol.messages import (
     VERSION as VERSION,
 )
 from zbatch.protocol.messages import (
@@ -425,10 +428,13 @@ def _decode_model_info(raw: Any) -> ModelInfo:
         if not isinstance(label, str):
             raise ProtocolError("labels must be strings")
         _check_text(label, "a label", MAX_LABEL_CHARS)
+    tokenizer: str = _optional(raw, "tokenizer", str) or ""
+    if tokenizer and not TOKENIZER_FINGERPRINT.fullmatch(tokenizer):
+        raise ProtocolError("tokenizer must be 16 lowercase hexadecimal digits")
     return ModelInfo(name, task, batch,
                      None if max_length is None else _bounded(max_length, "max_length", MAX_MODEL_LENGTH),
                      None if dimensions is None else _bounded(dimensions, "dimensions", MAX_DIMENSIONS),
-                     dtype, tuple(labels))
+                     dtype, tuple(labels), tokenizer)
 
 
 def _bounded(value: int, what: str, maximum: int) -> int:
