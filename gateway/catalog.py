@@ -33,6 +33,7 @@ from aiohttp import web
 
 from gateway.appkeys import CLIENT
 from gateway.config import GatewayConfig
+from gateway.edge import EdgeTokenizers
 from gateway.errors import ApiError
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.client.stats import merge_stats
@@ -59,6 +60,7 @@ class ModelInfo:
     dimensions: int | None = None
     dtype: str | None = None
     labels: tuple[str, ...] | None = None
+    tokenizer: str | None = None  # the fingerprint of the tokenizer the gateway may tokenize with (gateway.edge)
 
     @classmethod
     def from_stats(cls, name: str, figures: Mapping[str, Any]) -> ModelInfo:
@@ -67,7 +69,7 @@ class ModelInfo:
         labels = info.get("labels")
         return cls(name, int(figures.get("workers", 0)), info.get("task"), info.get("max_batch_size"),
                    info.get("max_length"), info.get("dimensions"), info.get("dtype"),
-                   tuple(labels) if isinstance(labels, list) else None)
+                   tuple(labels) if isinstance(labels, list) else None, info.get("tokenizer"))
 
 
 def models_of(stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
@@ -84,6 +86,7 @@ class Catalog:
         self._taken_at = -math.inf
         self._failure: ZBatchError | None = None  # why the last refresh got no answer, if it did not
         self._refresh: asyncio.Task[None] | None = None
+        self.tokenizers = EdgeTokenizers(clock)
 
     def update(self, stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
         """Take a fresh STATS answer (the model list handlers ask for one anyway); returns its models."""
@@ -105,6 +108,12 @@ class Catalog:
                 await asyncio.wait_for(asyncio.shield(self._start_refresh(client)), MISS_WAIT_S)
             return self._models.get(model)
         return None
+
+    def known(self, client: AsyncClient, model: str) -> ModelInfo | None:
+        """``model``'s info if known, never waiting (a stale catalog starts its refresh, as :meth:`lookup` does)."""
+        if self._clock() - self._taken_at > FRESH_S:
+            self._start_refresh(client)
+        return self._models.get(model)
 
     async def default_model(self, client: AsyncClient) -> str:
         """The model a request that names none goes to where the settings name no default: the one model a worker
@@ -133,11 +142,12 @@ class Catalog:
             self._failure = exc
 
     async def close(self) -> None:
-        """Cancel a refresh in flight (the application is shutting down)."""
+        """Cancel a refresh and tokenizer fetches in flight (the application is shutting down)."""
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
+        await self.tokenizers.close()
 
 
 CATALOG = web.AppKey("catalog", Catalog)

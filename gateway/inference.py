@@ -12,7 +12,8 @@ caller is billed on: every dialect answers them where it has a place (OpenAI's
 ``usage``, TEI's ``x-compute-tokens``) and always in the ``X-Tokens`` header
 (:func:`token_headers`).
 
-The payload is encoded once and the reply decoded once, as
+Where the model's workers announce a tokenizer, texts leave as token ids
+(:mod:`gateway.edge`).  The payload is encoded once and the reply decoded once, as
 :meth:`zbatch.client.AsyncClient.infer` does, but keeping ``tokens``.
 """
 
@@ -93,6 +94,12 @@ async def run(
     """
     check_limits(call.config, model, len(inputs), inputs if texts is None else texts)
     call.noted(model)
+    if operation == RUN and call.config.edge_tokenize:
+        info = call.catalog.known(call.client, model)
+        fingerprint = None if info is None else info.tokenizer
+        tokenized = call.catalog.tokenizers.tokenized(call.client, model, fingerprint, inputs, parameters)
+        if tokenized is not None:
+            inputs, parameters = tokenized
     body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
     if operation != RUN:
         body[vocabulary.OPERATION] = operation

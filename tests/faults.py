@@ -5,15 +5,22 @@ demand, so this wraps the real embeddings runner and exits the process
 (no cleanup, like a segfault), hangs, or ends the inference thread (as model
 code calling ``sys.exit()`` would) when it sees a marker input.  The workers
 load it through the ``python:module:Class`` task form.
+
+Two more lie about the tokenizer a gateway may tokenize with (gateway/edge.py),
+which no honest worker does: one announces its own and sends another, one
+announces something that is not a tokenizer at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
 
 from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.spec import Outputs
+from zbatch.protocol.payloads import tokenizer_fingerprint
 
 CRASH_MARKER = "FAULT: crash the worker"
 HANG_MARKER = "FAULT: hang the worker"
@@ -39,3 +46,23 @@ class FaultInjectingEmbeddings(EmbeddingRunner):
         if END_THREAD_MARKER in inputs:
             raise SystemExit("FAKE: the model's code called sys.exit()")  # a BaseException: the thread ends
         return super().run(inputs, parameters)
+
+
+class MisfingerprintedTokenizer(EmbeddingRunner):
+    """FAKE: announces its tokenizer's fingerprint, then sends a tokenizer with one vocabulary entry renamed."""
+
+    def serialized_tokenizer(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
+        answers = super().serialized_tokenizer(inputs, parameters)
+        return Outputs([each.replace('"hello"', '"jello"', 1) if isinstance(each, str) else each for each in answers],
+                       answers.tokens)
+
+
+class UnreadableTokenizer(EmbeddingRunner):
+    """FAKE: announces, under its true fingerprint, a "tokenizer" that is JSON but not a tokenizer."""
+
+    NOT_A_TOKENIZER = '{"version": "1.0", "model": "none at all"}'
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._edge_form = self.NOT_A_TOKENIZER
+        self.details = dataclasses.replace(self.details, tokenizer=tokenizer_fingerprint(self.NOT_A_TOKENIZER))

@@ -1,0 +1,111 @@
+"""Tokenizing at the edge (gateway/edge.py) through real daemons serving the default model: once the gateway has
+its tokenizer, HTTP requests leave it as token ids and come back with the vectors and token counts the worker
+gives the same texts; workers that lie about their tokenizer are not believed, and every request is answered."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.daemons import Daemon, http_json, start_broker, start_gateway, start_worker, wait_until
+from worker.runners import DEFAULT_MODEL_NAME
+from zbatch import AsyncClient
+from zbatch.protocol import payloads
+from zbatch.protocol.messages import Reply
+from zbatch.protocol.wire import Status
+
+MODEL = DEFAULT_MODEL_NAME
+FETCHED = "texts are tokenized in the gateway from now on"
+NOT_FETCHED = "could not be fetched"
+LONG = "the quick brown fox jumps over the lazy dog " * 60 + "and that is the end"
+TEXTS = ["hello world", "Ünïcödé café 東京 and a DOG", "a sentence about token ids travelling as arrays", LONG]
+ALL_LINES = 100_000
+LIARS = {"liar-sends-another": "MisfingerprintedTokenizer", "liar-sends-garbage": "UnreadableTokenizer"}
+
+
+def embeddings(gateway: Daemon, model: str, texts: list[str], **parameters: Any) -> tuple[np.ndarray, int]:
+    """The texts' vectors through the gateway's native route, and the tokens it says they took."""
+    status, headers, body = http_json(f"{gateway.url}/models/{model}", {"inputs": texts, "parameters": parameters})
+    assert status == 200, body
+    return np.asarray(body, dtype=np.float32), int(headers["X-Tokens"])
+
+
+def as_texts(broker: Daemon, model: str, texts: list[str], **parameters: Any) -> tuple[np.ndarray, int]:
+    """The same, as the worker answers the texts themselves (straight to the broker: nothing tokenizes before)."""
+    async def ask() -> Reply:
+        async with AsyncClient(broker.frontend) as client:
+            body = payloads.encode_payload({"inputs": texts, "parameters": parameters})
+            return await client.request(model, body, items=len(texts), timeout_ms=60_000)
+
+    reply = asyncio.run(ask())
+    assert reply.status is Status.OK, reply.message
+    answer = payloads.decode_payload(reply.payload)
+    return np.asarray(answer["outputs"], dtype=np.float32), sum(answer["tokens"])
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
+    return [float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b, strict=True)]
+
+
+def wait_for_line(gateway: Daemon, model: str, line: str) -> None:
+    """Send requests for ``model`` until the gateway's log has ``line`` (the first request starts the fetch)."""
+    def logged() -> bool:
+        embeddings(gateway, model, ["a request while the tokenizer is fetched"])
+        return line in gateway.log(ALL_LINES)
+
+    wait_until(logged, 60, f"the gateway to log {line!r} for {model}")
+
+
+def test_the_gateway_tokenizes_and_answers_as_the_worker_does_with_texts(stack: dict[str, Daemon]) -> None:
+    gateway, broker = stack["gateway"], stack["broker"]
+    wait_for_line(gateway, MODEL, FETCHED)
+    for parameters in ({}, {"truncation_direction": "left"}, {"dimensions": 64, "normalize": False}):
+        got, tokens = embeddings(gateway, MODEL, TEXTS, **parameters)
+        want, want_tokens = as_texts(broker, MODEL, TEXTS, **parameters)
+        assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
+        assert parameters.get("normalize", True) or not np.allclose(np.linalg.norm(got, axis=1), 1.0)
+    status, _, body = http_json(f"{gateway.url}/models/{MODEL}", {"inputs": [TEXTS[0], LONG],
+                                                                   "parameters": {"truncate": False}})
+    assert status == 400 and "tokens and the model takes at most 256" in body["error"]["message"], body
+    status, _, body = http_json(f"{gateway.url}/v1/embeddings", {"model": MODEL, "input": TEXTS})
+    assert status == 200 and body["usage"]["prompt_tokens"] == as_texts(broker, MODEL, TEXTS)[1]
+
+
+@pytest.fixture(scope="module")
+def liars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon]]:
+    """FAKE peers: a broker and a gateway before two workers of the default model that announce a tokenizer and
+    then send another one, or one that is not a tokenizer at all (tests/faults.py)."""
+    log_dir: Path = tmp_path_factory.mktemp("liars")
+    daemons: dict[str, Daemon] = {}
+    try:
+        daemons["broker"] = broker = start_broker(log_dir)
+        for name, runner in LIARS.items():
+            daemons[name] = start_worker(broker, log_dir, name, task=f"python:tests.faults:{runner}", model_name=name)
+        daemons["gateway"] = start_gateway(broker, log_dir)
+        yield daemons
+    finally:
+        for daemon in reversed(daemons.values()):
+            daemon.stop()
+
+
+def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(liars: dict[str, Daemon]) -> None:
+    gateway, broker = liars["gateway"], liars["broker"]
+    for model in LIARS:
+        wait_for_line(gateway, model, f"model {model}: its tokenizer")
+        got, tokens = embeddings(gateway, model, TEXTS)
+        want, want_tokens = as_texts(broker, model, TEXTS)
+        assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
+    lines = gateway.log(ALL_LINES).splitlines()
+    assert not [line for line in lines if FETCHED in line]
+
+    def why(model: str) -> str:
+        (warning,) = {line.split(NOT_FETCHED)[1] for line in lines if f"model {model}: its tokenizer" in line}
+        return warning
+
+    assert why("liar-sends-another").startswith(" (the worker sent a tokenizer other than the one it announced)")
+    assert why("liar-sends-garbage").startswith(" (the tokenizer cannot be read")
