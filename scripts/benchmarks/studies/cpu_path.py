@@ -1,17 +1,18 @@
 """Where each core goes at GPU rates: CPU per request in each daemon, over HTTP and over ZeroMQ.
 
 ``python -m scripts.benchmarks.studies.cpu_path [--concurrency 32,128] [--seconds 8] [--batch-ms 2] [--item-ms 0.01]
-[--profile DIR]`` starts one real stack (a broker, one worker, a gateway of one process: the harness the bench
-uses) and drives it with closed-loop clients, one text a request, over HTTP (the bench's aiohttp calls) and
-over ZeroMQ (the project's AsyncClient).  It prints a Markdown table: for each path and number of clients, the
-requests a second and the µs of CPU per request each daemon took (the load generator, this process, included)
-and their total, read from /proc (:func:`scripts.benchmarks.common.cpu.process_use`).
+[--profile DIR] [--edge-tokenize false]`` starts one real stack (a broker, one worker, a gateway of one process: the
+harness the bench uses) and drives it with closed-loop clients, one text a request, over HTTP (the bench's aiohttp
+calls) and over ZeroMQ (the project's AsyncClient).  It prints a Markdown table: for each path and number of
+clients, the requests a second and the µs of CPU per request each daemon took (the load generator, this process,
+included) and their total, read from /proc (:func:`scripts.benchmarks.common.cpu.process_use`).
 
 The worker's model is a sleep, as in :mod:`scripts.benchmarks.systems.accelerator`: :class:`EmbeddingSleepRunner`
 tokenizes the texts with the bundled model's real tokenizer (ahead, as a worker on an accelerator does), sleeps a fixed
 time per batch plus a little per item, like a GPU, and answers one 384-float vector per text, as the bundled
-model does.  So the accelerator never sets the pace: the CPU the serving path spends does, and that is what
-the table prices.  Issue 41 asks for it to fall by half.
+model does.  It takes token ids as well as texts, so the gateway tokenizes for it (``gateway/edge.py``) unless
+``--edge-tokenize false``.  So the accelerator never sets the pace: the CPU the serving path spends does, and that
+is what the table prices.  Issue 41 asks for it to fall by half.
 
 With ``--profile DIR`` each cell runs a second window of the same length with py-spy sampling every daemon
 (``py-spy record --nonblocking``: the daemons are never paused; with ``--native`` C and Rust frames too, which
@@ -44,6 +45,7 @@ from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load import calls
 from scripts.benchmarks.load import loops as load
 from scripts.benchmarks.systems.accelerator import COST_ENV, MODEL, TokenizingSleepRunner
+from worker.runners.spec import InputKind
 from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
 from zbatch.testing import Daemons, free_port, start_broker, start_worker
@@ -85,7 +87,10 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 class EmbeddingSleepRunner(TokenizingSleepRunner):
     """:class:`~scripts.benchmarks.systems.accelerator.TokenizingSleepRunner` answering as the bundled model does:
-    one unit float32 vector of :data:`DIMENSIONS` numbers per text, so replies weigh what real ones do."""
+    one unit float32 vector of :data:`DIMENSIONS` numbers per text, so replies weigh what real ones do, and taking
+    token ids as the bundled model does."""
+
+    kind = InputKind.TEXT_OR_IDS
 
     def __init__(self, spec: Any, device: str, dtype: Any) -> None:
         super().__init__(spec, device, dtype)
@@ -107,7 +112,7 @@ class Stack:
     pids: dict[str, int]
 
 
-def start_stack(daemons: Daemons, batch_ms: float, item_ms: float) -> Stack:
+def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = True) -> Stack:
     """A broker, one worker serving model ``simulated`` on :class:`EmbeddingSleepRunner` (batches of up to
     :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front.  The worker
     finds the runner by this module's import name, which ``python -m`` keeps in ``__spec__``."""
@@ -116,7 +121,7 @@ def start_stack(daemons: Daemons, batch_ms: float, item_ms: float) -> Stack:
                              torch_threads=1, task=f"python:{__spec__.name}:{EmbeddingSleepRunner.__name__}",
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=free_port(),
                              tokenize_ahead="true", max_batch_size=MAX_BATCH))
-    url = procs.start_deployed_gateway(daemons, broker)
+    url = procs.start_deployed_gateway(daemons, broker, edge_tokenize=edge_tokenize)
     return Stack(f"{url}/models/{MODEL}", broker.frontend, daemons.pids())
 
 
@@ -245,7 +250,7 @@ async def run(args: argparse.Namespace) -> None:
     clients = [int(c) for c in args.concurrency.split(",")]
     cells, profiles = [], []
     with procs.running() as daemons:
-        stack = await procs.start(daemons, start_stack, args.batch_ms, args.item_ms)
+        stack = await procs.start(daemons, start_stack, args.batch_ms, args.item_ms, args.edge_tokenize == "true")
         for path in PATHS:
             for concurrency in clients:
                 procs.log(f"{path}, {concurrency} clients")
@@ -266,6 +271,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=WARMUP_S, help="load before each window, not measured")
     parser.add_argument("--batch-ms", type=float, default=BATCH_MS, help="the simulated model's cost per batch")
     parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
+    parser.add_argument("--edge-tokenize", choices=("true", "false"), default="true",
+                        help="the gateway's edge_tokenize setting: texts tokenized there, or in the worker")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="also profile each daemon with py-spy in a second window per cell; raw stacks to DIR")
     parser.add_argument("--native", action="store_true",
