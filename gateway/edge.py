@@ -11,8 +11,8 @@ can, the gateway tokenizes, and the worker runs the ids (PROTOCOL.md 5.2, 5.3):
    tokenizer in READY by fingerprint (``tokenizer``, PROTOCOL.md 3.4); the
    catalog (:mod:`gateway.catalog`) carries it.
 2. The first request for such a model starts one fetch in the background: the
-   ``tokenizer`` operation, whose answer must hash to the fingerprint
-   announced.  Until it lands, and for a while after a failed fetch
+   ``tokenizer`` operation (one item, as a caller's request is admitted), whose
+   answer must hash to the fingerprint announced.  Until it lands, and for a while after a failed fetch
    (:data:`RETRY_S`), texts travel as texts.
 3. Once fetched, a ``run`` request whose inputs are all texts becomes ids,
    untruncated, with the tokenizer's special tokens, and its parameters name

@@ -31,6 +31,12 @@ MARKERS = (CRASH_MARKER, HANG_MARKER, END_THREAD_MARKER)
 
 
 class FaultInjectingEmbeddings(EmbeddingRunner):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Announce no tokenizer (gateway/edge.py), so that the markers reach the worker as texts."""
+        super().__init__(*args, **kwargs)
+        self._edge_form = ""
+        self.details = dataclasses.replace(self.details, tokenizer="")
+
     def encode(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         """A batch with a marker cannot be encoded ahead, so the inference thread runs it the plain way
         (:meth:`run`), where the fault happens, whichever thread encodes."""

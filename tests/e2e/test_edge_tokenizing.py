@@ -12,7 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import Daemon, http_json, start_broker, start_gateway, start_worker, wait_until
+from tests.daemons import (
+    ALL_LINES,
+    EDGE_FETCHED,
+    EDGE_NOT_FETCHED,
+    Daemon,
+    http_json,
+    start_broker,
+    start_gateway,
+    start_worker,
+    wait_for_edge_tokenizer,
+    wait_until,
+)
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch import AsyncClient
 from zbatch.protocol import payloads
@@ -20,11 +31,8 @@ from zbatch.protocol.messages import Reply
 from zbatch.protocol.wire import Status
 
 MODEL = DEFAULT_MODEL_NAME
-FETCHED = "texts are tokenized in the gateway from now on"
-NOT_FETCHED = "could not be fetched"
 LONG = "the quick brown fox jumps over the lazy dog " * 60 + "and that is the end"
 TEXTS = ["hello world", "Ünïcödé café 東京 and a DOG", "a sentence about token ids travelling as arrays", LONG]
-ALL_LINES = 100_000
 LIARS = {"liar-sends-another": "MisfingerprintedTokenizer", "liar-sends-garbage": "UnreadableTokenizer"}
 
 
@@ -63,7 +71,7 @@ def wait_for_line(gateway: Daemon, model: str, line: str) -> None:
 
 def test_the_gateway_tokenizes_and_answers_as_the_worker_does_with_texts(stack: dict[str, Daemon]) -> None:
     gateway, broker = stack["gateway"], stack["broker"]
-    wait_for_line(gateway, MODEL, FETCHED)
+    wait_for_edge_tokenizer(gateway, MODEL)
     for parameters in ({}, {"truncation_direction": "left"}, {"dimensions": 64, "normalize": False}):
         got, tokens = embeddings(gateway, MODEL, TEXTS, **parameters)
         want, want_tokens = as_texts(broker, MODEL, TEXTS, **parameters)
@@ -101,10 +109,10 @@ def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(liars: dict[str,
         want, want_tokens = as_texts(broker, model, TEXTS)
         assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
     lines = gateway.log(ALL_LINES).splitlines()
-    assert not [line for line in lines if FETCHED in line]
+    assert not [line for line in lines if EDGE_FETCHED in line]
 
     def why(model: str) -> str:
-        (warning,) = {line.split(NOT_FETCHED)[1] for line in lines if f"model {model}: its tokenizer" in line}
+        (warning,) = {line.split(EDGE_NOT_FETCHED)[1] for line in lines if f"model {model}: its tokenizer" in line}
         return warning
 
     assert why("liar-sends-another").startswith(" (the worker sent a tokenizer other than the one it announced)")

@@ -288,9 +288,9 @@ class TextRunner:
         """Each input tokenized for the model, or the InputError that refuses it alone; InputError for a bad
         batch.  The tokenizer only, never torch: any thread may call it."""
         check_inputs(inputs, self.kind, self.spec.task)
-        check_parameters(parameters, self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters
-                         | self._edge_parameters, self.spec.task)
         self._check_tokenized_by(parameters)
+        check_parameters(self._callers(parameters), self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters,
+                         self.spec.task)
         truncation = truncation_of(parameters)
         self._options(parameters)
         prefix = self.prompts.prefix(parameters) if self.takes_prompts else ""
@@ -401,16 +401,20 @@ class TextRunner:
                         for item in inputs], [0] * len(inputs))
 
     def _check_tokenized_by(self, parameters: dict[str, Any]) -> None:
-        """Refuse token ids made with a tokenizer other than this worker's (a model changed under its name)."""
+        """Refuse token ids made with a tokenizer other than this worker's (a model changed under its name); a worker
+        that announces none refuses ``tokenized_by`` as an unknown parameter."""
         sender = parameters.get(TOKENIZED_BY)
-        if sender is not None and sender != self.details.tokenizer:
+        if self._edge_form and sender is not None and sender != self.details.tokenizer:
             raise InputError(f"these inputs were tokenized with tokenizer {shortened(repr(sender))} and this "
-                             f"worker's model {self.spec.name!r} uses {self.details.tokenizer or 'none that can'}: "
-                             "send the texts, or retry once the sender has its new tokenizer")
+                             f"worker's model {self.spec.name!r} uses {self.details.tokenizer}: send the texts, or "
+                             "retry once the sender has its new tokenizer")
 
-    @property
-    def _edge_parameters(self) -> frozenset[str]:
-        return frozenset({TOKENIZED_BY}) if self._edge_form else frozenset()
+    def _callers(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The parameters a caller chose: without ``tokenized_by``, which a gateway adds where this worker announces
+        a tokenizer (so a refusal lists only what a caller may send)."""
+        if not self._edge_form or TOKENIZED_BY not in parameters:
+            return parameters
+        return {name: value for name, value in parameters.items() if name != TOKENIZED_BY}
 
     @property
     def _prompt_parameters(self) -> frozenset[str]:
