@@ -31,13 +31,8 @@ from zbatch.testing import (
 
 __all__ = [
     "ROOT", "Daemon", "DaemonFailure", "Daemons", "broker_stats", "free_port", "http_json", "http_status",
-    "running_stack", "spawn", "start_broker", "start_gateway", "start_worker", "tokenizer_fetches",
-    "wait_for_edge_tokenizer", "wait_for_worker", "wait_until",
+    "running_stack", "spawn", "start_broker", "start_gateway", "start_worker", "wait_for_worker", "wait_until",
 ]
-
-EDGE_FETCHED = "texts are tokenized in the gateway from now on"  # gateway/edge.py's log lines
-EDGE_NOT_FETCHED = "could not be fetched"
-ALL_LINES = 1_000_000
 
 
 def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None,
@@ -52,22 +47,3 @@ def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None,
             return response.status, dict(response.headers), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), json.loads(error.read())
-
-
-def tokenizer_fetches(gateway: Daemon) -> int:
-    """The tokenizer fetches the gateway's processes have made (gateway/edge.py): each is a request of the gateway's
-    own to a worker, which the broker counts beside the callers'."""
-    return sum(EDGE_FETCHED in line or EDGE_NOT_FETCHED in line for line in gateway.log(ALL_LINES).splitlines())
-
-
-def wait_for_edge_tokenizer(gateway: Daemon, model: str, headers: dict[str, str] | None = None,
-                            timeout_s: float = 60) -> None:
-    """Send one-text requests for ``model`` until the gateway has fetched its tokenizer (the first starts the
-    fetch), so that a test that counts the requests reaching the broker or the model counts its own alone."""
-    def fetched() -> bool:
-        status, _, body = http_json(f"{gateway.url}/models/{model}", {"inputs": "a request while the tokenizer is "
-                                                                                 "fetched"}, headers)
-        assert status == 200, body
-        return f"model {model}: {EDGE_FETCHED}" in gateway.log(ALL_LINES)
-
-    wait_until(fetched, timeout_s, f"the gateway to fetch the tokenizer of {model}")

@@ -7,8 +7,8 @@ code calling ``sys.exit()`` would) when it sees a marker input.  The workers
 load it through the ``python:module:Class`` task form.
 
 Two more lie about the tokenizer a gateway may tokenize with (gateway/edge.py),
-which no honest worker does: one announces its own and sends another, one
-announces something that is not a tokenizer at all.
+which no honest worker does: one announces one tokenizer and sends another,
+one announces something that is not a tokenizer at all.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from worker.runners.embeddings import EmbeddingRunner
-from worker.runners.spec import Outputs
 from zbatch.protocol.payloads import tokenizer_fingerprint
 
 CRASH_MARKER = "FAULT: crash the worker"
@@ -55,12 +54,12 @@ class FaultInjectingEmbeddings(EmbeddingRunner):
 
 
 class MisfingerprintedTokenizer(EmbeddingRunner):
-    """FAKE: announces its tokenizer's fingerprint, then sends a tokenizer with one vocabulary entry renamed."""
+    """FAKE: announces the fingerprint of its tokenizer with one vocabulary entry renamed, then sends its own."""
 
-    def serialized_tokenizer(self, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
-        answers = super().serialized_tokenizer(inputs, parameters)
-        return Outputs([each.replace('"hello"', '"jello"', 1) if isinstance(each, str) else each for each in answers],
-                       answers.tokens)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        announced = tokenizer_fingerprint(self._edge_form.replace('"hello"', '"jello"', 1))
+        self.details = dataclasses.replace(self.details, tokenizer=announced)
 
 
 class UnreadableTokenizer(EmbeddingRunner):

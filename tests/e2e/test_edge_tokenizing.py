@@ -1,6 +1,7 @@
-"""Tokenizing at the edge (gateway/edge.py) through real daemons serving the default model: once the gateway has
-its tokenizer, HTTP requests leave it as token ids and come back with the vectors and token counts the worker
-gives the same texts; workers that lie about their tokenizer are not believed, and every request is answered."""
+"""Tokenizing at the edge (gateway/edge.py, ``edge_tokenize``) through real daemons serving the default model: once
+the gateway has its tokenizer, HTTP requests leave it as token ids and come back with the vectors and token counts
+the worker gives the same texts; a gateway with the setting off never fetches one; workers that lie about their
+tokenizer are not believed, and every request is answered."""
 
 from __future__ import annotations
 
@@ -12,28 +13,43 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import (
-    ALL_LINES,
-    EDGE_FETCHED,
-    EDGE_NOT_FETCHED,
-    Daemon,
-    http_json,
-    start_broker,
-    start_gateway,
-    start_worker,
-    wait_for_edge_tokenizer,
-    wait_until,
-)
+from tests.daemons import Daemon, http_json, start_broker, start_worker, wait_for_worker, wait_until
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch import AsyncClient
 from zbatch.protocol import payloads
 from zbatch.protocol.messages import Reply
 from zbatch.protocol.wire import Status
+from zbatch.testing import start_http
 
 MODEL = DEFAULT_MODEL_NAME
+FETCHED = "texts are tokenized in the gateway from now on"  # gateway/edge.py's log lines
+NOT_FETCHED = "could not be fetched"
+ALL_LINES = 1_000_000
 LONG = "the quick brown fox jumps over the lazy dog " * 60 + "and that is the end"
 TEXTS = ["hello world", "Ünïcödé café 東京 and a DOG", "a sentence about token ids travelling as arrays", LONG]
 LIARS = {"liar-sends-another": "MisfingerprintedTokenizer", "liar-sends-garbage": "UnreadableTokenizer"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon]]:
+    """A broker; a worker of the default model and two FAKE peers, workers of it that announce a tokenizer and then
+    send another one, or one that is not a tokenizer at all (tests/faults.py); a gateway that tokenizes at the edge
+    and one that does not."""
+    log_dir: Path = tmp_path_factory.mktemp("edge")
+    daemons: dict[str, Daemon] = {}
+    try:
+        daemons["broker"] = broker = start_broker(log_dir)
+        daemons["w1"] = start_worker(broker, log_dir, "w1", wait=False)
+        for name, runner in LIARS.items():
+            daemons[name] = start_worker(broker, log_dir, name, task=f"python:tests.faults:{runner}", model_name=name)
+        wait_for_worker(broker, daemons["w1"])
+        for name, edge in (("edge", True), ("plain", False)):  # a log file each
+            daemons[name] = start_http("gateway", name, log_dir, frontend=broker.frontend, processes=1,
+                                       edge_tokenize=edge)
+        yield daemons
+    finally:
+        for daemon in reversed(daemons.values()):
+            daemon.stop()
 
 
 def embeddings(gateway: Daemon, model: str, texts: list[str], **parameters: Any) -> tuple[np.ndarray, int]:
@@ -70,8 +86,8 @@ def wait_for_line(gateway: Daemon, model: str, line: str) -> None:
 
 
 def test_the_gateway_tokenizes_and_answers_as_the_worker_does_with_texts(stack: dict[str, Daemon]) -> None:
-    gateway, broker = stack["gateway"], stack["broker"]
-    wait_for_edge_tokenizer(gateway, MODEL)
+    gateway, broker = stack["edge"], stack["broker"]
+    wait_for_line(gateway, MODEL, f"model {MODEL}: {FETCHED}")
     for parameters in ({}, {"truncation_direction": "left"}, {"dimensions": 64, "normalize": False}):
         got, tokens = embeddings(gateway, MODEL, TEXTS, **parameters)
         want, want_tokens = as_texts(broker, MODEL, TEXTS, **parameters)
@@ -84,35 +100,26 @@ def test_the_gateway_tokenizes_and_answers_as_the_worker_does_with_texts(stack: 
     assert status == 200 and body["usage"]["prompt_tokens"] == as_texts(broker, MODEL, TEXTS)[1]
 
 
-@pytest.fixture(scope="module")
-def liars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon]]:
-    """FAKE peers: a broker and a gateway before two workers of the default model that announce a tokenizer and
-    then send another one, or one that is not a tokenizer at all (tests/faults.py)."""
-    log_dir: Path = tmp_path_factory.mktemp("liars")
-    daemons: dict[str, Daemon] = {}
-    try:
-        daemons["broker"] = broker = start_broker(log_dir)
-        for name, runner in LIARS.items():
-            daemons[name] = start_worker(broker, log_dir, name, task=f"python:tests.faults:{runner}", model_name=name)
-        daemons["gateway"] = start_gateway(broker, log_dir)
-        yield daemons
-    finally:
-        for daemon in reversed(daemons.values()):
-            daemon.stop()
+def test_a_gateway_with_the_setting_off_never_fetches_a_tokenizer(stack: dict[str, Daemon]) -> None:
+    """The edge gateway logs its fetch after its first request or two; twenty answered here would have let it land."""
+    gateway = stack["plain"]
+    for _ in range(20):
+        embeddings(gateway, MODEL, TEXTS[:2])
+    assert FETCHED not in gateway.log(ALL_LINES) and NOT_FETCHED not in gateway.log(ALL_LINES)
 
 
-def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(liars: dict[str, Daemon]) -> None:
-    gateway, broker = liars["gateway"], liars["broker"]
+def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(stack: dict[str, Daemon]) -> None:
+    gateway, broker = stack["edge"], stack["broker"]
     for model in LIARS:
         wait_for_line(gateway, model, f"model {model}: its tokenizer")
         got, tokens = embeddings(gateway, model, TEXTS)
         want, want_tokens = as_texts(broker, model, TEXTS)
         assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
     lines = gateway.log(ALL_LINES).splitlines()
-    assert not [line for line in lines if EDGE_FETCHED in line]
+    assert not [line for line in lines if FETCHED in line and "liar" in line]
 
     def why(model: str) -> str:
-        (warning,) = {line.split(EDGE_NOT_FETCHED)[1] for line in lines if f"model {model}: its tokenizer" in line}
+        (warning,) = {line.split(NOT_FETCHED)[1] for line in lines if f"model {model}: its tokenizer" in line}
         return warning
 
     assert why("liar-sends-another").startswith(" (the worker sent a tokenizer other than the one it announced)")

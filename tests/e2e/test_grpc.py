@@ -33,7 +33,6 @@ from tests.daemons import (
     start_broker,
     start_gateway,
     start_worker,
-    wait_for_edge_tokenizer,
     wait_until,
 )
 from worker.runners import DEFAULT_MODEL_NAME, default_model_path
@@ -60,18 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemons]:
             gateway = daemons.add(start_http("gateway", name, logs, frontend=broker.frontend, processes=1,
                                              grpc_port=port, **settings))
             gateway.endpoints["grpc"] = f"127.0.0.1:{port}"
-        # Each gateway fetches the model's tokenizer once, a request of its own: before the tests count the worker's.
-        wait_for_edge_tokenizer(daemons["gateway"], MODEL)
-        wait_for_edge_tokenizer(daemons["gateway-keys"], MODEL, {"Authorization": f"Bearer {KEY}"})
-        wait_until(lambda: all_reported(daemons), 30, "the worker to report the one-item requests it has run")
         yield daemons
-
-
-def all_reported(stack: Daemons) -> bool:
-    """Whether the worker's heartbeats have reported every item the broker has answered (each request one item)."""
-    model = (broker_stats(stack["broker"].frontend) or {"models": {}})["models"].get(MODEL, {})
-    answered: int = sum(model.get("requests", {}).values())
-    return int(model.get("batched_items", 0)) >= answered
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.daemons import broker_stats, running_stack, wait_for_edge_tokenizer, wait_until
+from tests.daemons import broker_stats, running_stack, wait_until
 from worker.runners import DEFAULT_MODEL_NAME
 
 MODEL = DEFAULT_MODEL_NAME
@@ -27,7 +27,6 @@ def test_high_priority_is_admitted_while_low_is_refused(log_dir: Path) -> None:
     worker = {"capacity": 1, "max_batch_size": 1} | HEARTBEAT
     with running_stack(log_dir, workers=1, broker=broker, worker=worker) as stack:
         url = f"{stack['gateway'].url}/models/{MODEL}"
-        wait_for_edge_tokenizer(stack["gateway"], MODEL)  # its fetch, a request of the gateway's, not in the counts
 
         def backlog() -> int:
             stats = broker_stats(stack["broker"].frontend) or {"models": {}}

@@ -1,7 +1,7 @@
 """Where each core goes at GPU rates: CPU per request in each daemon, over HTTP and over ZeroMQ.
 
 ``python -m scripts.benchmarks.studies.cpu_path [--concurrency 32,128] [--seconds 8] [--batch-ms 2] [--item-ms 0.01]
-[--profile DIR] [--edge-tokenize false]`` starts one real stack (a broker, one worker, a gateway of one process: the
+[--profile DIR] [--edge-tokenize true]`` starts one real stack (a broker, one worker, a gateway of one process: the
 harness the bench uses) and drives it with closed-loop clients, one text a request, over HTTP (the bench's aiohttp
 calls) and over ZeroMQ (the project's AsyncClient).  It prints a Markdown table: for each path and number of
 clients, the requests a second and the µs of CPU per request each daemon took (the load generator, this process,
@@ -10,9 +10,9 @@ included) and their total, read from /proc (:func:`scripts.benchmarks.common.cpu
 The worker's model is a sleep, as in :mod:`scripts.benchmarks.systems.accelerator`: :class:`EmbeddingSleepRunner`
 tokenizes the texts with the bundled model's real tokenizer (ahead, as a worker on an accelerator does), sleeps a fixed
 time per batch plus a little per item, like a GPU, and answers one 384-float vector per text, as the bundled
-model does.  It takes token ids as well as texts, so the gateway tokenizes for it (``gateway/edge.py``) unless
-``--edge-tokenize false``.  So the accelerator never sets the pace: the CPU the serving path spends does, and that
-is what the table prices.  Issue 41 asks for it to fall by half.
+model does.  It takes token ids as well as texts, so with ``--edge-tokenize true`` the gateway tokenizes for it
+(``gateway/edge.py``; off as shipped).  So the accelerator never sets the pace: the CPU the serving path spends
+does, and that is what the table prices.  Issue 41 asks for it to fall by half.
 
 With ``--profile DIR`` each cell runs a second window of the same length with py-spy sampling every daemon
 (``py-spy record --nonblocking``: the daemons are never paused; with ``--native`` C and Rust frames too, which
@@ -112,7 +112,7 @@ class Stack:
     pids: dict[str, int]
 
 
-def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = True) -> Stack:
+def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = False) -> Stack:
     """A broker, one worker serving model ``simulated`` on :class:`EmbeddingSleepRunner` (batches of up to
     :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front.  The worker
     finds the runner by this module's import name, which ``python -m`` keeps in ``__spec__``."""
@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=WARMUP_S, help="load before each window, not measured")
     parser.add_argument("--batch-ms", type=float, default=BATCH_MS, help="the simulated model's cost per batch")
     parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
-    parser.add_argument("--edge-tokenize", choices=("true", "false"), default="true",
+    parser.add_argument("--edge-tokenize", choices=("true", "false"), default="false",
                         help="the gateway's edge_tokenize setting: texts tokenized there, or in the worker")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="also profile each daemon with py-spy in a second window per cell; raw stacks to DIR")
