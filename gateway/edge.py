@@ -13,9 +13,9 @@ where it can, and the worker runs the ids (PROTOCOL.md 5.2, 5.3):
    tokenizer in READY by fingerprint (``tokenizer``, PROTOCOL.md 3.4); the
    catalog (:mod:`gateway.catalog`) carries it.
 2. The first request for such a model starts one fetch in the background: the
-   ``tokenizer`` operation (one item, as a caller's request is admitted), whose
-   answer must hash to the fingerprint announced.  Until it lands, and for a while after a failed fetch
-   (:data:`RETRY_S`), texts travel as texts.
+   ``tokenizer`` operation (one item, admitted as a caller's request is), whose
+   answer must hash to the fingerprint announced.  Until it lands, and for
+   :data:`RETRY_S` after a failed fetch, texts travel as texts.
 3. Once fetched, a ``run`` request whose inputs are all texts becomes ids,
    untruncated, with the tokenizer's special tokens, and its parameters name
    the tokenizer (``tokenized_by``).  The worker truncates the ids as it would
@@ -77,9 +77,6 @@ class EdgeTokenizers:
         # One call a text: encode_batch hands even one text to rayon's pool, whose threads then wake and spin.
         ids = [np.asarray(tokenizer.encode(text).ids, dtype=np.int32) for text in inputs]
         return ids, {**parameters, TOKENIZED_BY: fingerprint}
-
-    def has(self, fingerprint: str) -> bool:
-        return fingerprint in self._ready
 
     def _start_fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
         if fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
