@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -201,9 +202,8 @@ class WorkerServer(daemon.Service):
                 self._drain_acknowledged.set()
             elif isinstance(action, Drained):
                 self._drained.set()
-        if self._prepared:
-            for job_id in [job_id for job_id in self._prepared if not self.core.holds(job_id)]:
-                del self._prepared[job_id]  # answered before its last item reached the engine
+        for job_id in answered_early(self._prepared, self.core.held, self.core.holds):
+            del self._prepared[job_id]
 
     def _prepared_item(self, item: BatchItem) -> Prepared | None:
         """Where ``item``'s encoding comes from, if its request was prepared ahead (kept until its last item)."""
@@ -263,3 +263,14 @@ async def _wait(event: asyncio.Event, until: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def answered_early(prepared: dict[bytes, Any], held: int, holds: Callable[[bytes], bool]) -> list[bytes]:
+    """The prepared requests already answered (cancelled or expired before their last item reached the engine).
+
+    Every other prepared request is held, so they are looked for only once more are prepared than held: a look
+    at each after every action cost a worker at 32 to 128 clients a scan of its held requests per message.
+    """
+    if len(prepared) <= held:
+        return []
+    return [job_id for job_id in prepared if not holds(job_id)]

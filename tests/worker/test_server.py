@@ -1,4 +1,5 @@
-"""The worker's reading of a request's payload, and a hostile one against real daemons."""
+"""The worker's reading of a request's payload, and a hostile one against real daemons; the shell's bookkeeping
+of what it prepared."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from tests.daemons import Daemon, broker_stats
 from worker.requests import BadPayload, InputLimits, decode_request
 from worker.runners import DEFAULT_MODEL_NAME
+from worker.server import answered_early
 from zbatch.client import AsyncClient
 from zbatch.protocol import payloads
 from zbatch.protocol.wire import Request, Status
@@ -58,3 +60,13 @@ def test_parameter_names_of_mixed_types_are_refused_and_the_workers_keep_serving
     stats = broker_stats(stack["broker"].frontend)
     assert stats is not None and sorted(w["name"] for w in stats["workers"]) == ["w1", "w2"]
     assert stack["w1"].alive() and stack["w2"].alive()
+
+
+def test_prepared_requests_answered_early_are_found_once_more_are_prepared_than_held() -> None:
+    held = {b"a", b"b"}
+    prepared = dict.fromkeys([b"a", b"b"])
+    assert answered_early(prepared, len(held), held.__contains__) == []  # each prepared request is held
+    prepared[b"gone"] = None  # answered (cancelled, expired) before its last item reached the engine
+    assert answered_early(prepared, len(held), held.__contains__) == [b"gone"]
+    held.add(b"c")  # held and not prepared: a stale entry waits for the next look, bounded by what is held
+    assert answered_early(prepared, len(held), held.__contains__) == []
