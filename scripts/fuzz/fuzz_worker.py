@@ -4,7 +4,7 @@ Each input is a REQUEST payload, with the item count and the limits taken from
 its first bytes, so the fuzzer also explores the limits' edges.  The payload
 goes through :func:`worker.requests.decode_request` and, when it decodes,
 through the input checks the worker applies as a request arrives, for every
-task (texts, pairs, images) and both operations.  :class:`BadPayload` and
+task (texts, pairs, images) and every operation.  :class:`BadPayload` and
 :class:`InputError` are the only exceptions allowed; anything else is a
 crash, which libFuzzer saves and reports with a non-zero exit status.  Run it
 with ``scripts/fuzz/run``; ``--write-seeds DIR`` writes valid payloads.
@@ -23,7 +23,7 @@ with atheris.instrument_imports(include=["worker.requests", "worker.runners.spec
 
     from worker.requests import BadPayload, InputLimits, decode_request
     from worker.runners.spec import InputError, check_request
-    from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, RERANK, TEXT_CLASSIFICATION
+    from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, OPERATIONS, RERANK, TEXT_CLASSIFICATION
 
 TASKS = (EMBEDDINGS, RERANK, TEXT_CLASSIFICATION, *IMAGE_TASKS, "fill-mask", "python:custom:Runner")
 SEEDS: dict[str, dict[str, Any]] = {
@@ -38,6 +38,7 @@ SEEDS: dict[str, dict[str, Any]] = {
     "tokenize": {"inputs": ["hello world"], "operation": "tokenize", "parameters": {"add_special_tokens": False}},
     "run": {"operation": "run", "inputs": ["x"]},
     "nil-operation": {"inputs": ["x"], "operation": None, "parameters": None},
+    "tokenizer-operation": {"inputs": ["9114256b104cca80"], "operation": "tokenizer"},
     "nested-parameters": {"inputs": ["a"], "parameters": {"candidate_labels": ["x", "y"], "multi_label": False}},
 }
 
@@ -54,7 +55,7 @@ def test_one_input(data: bytes) -> None:
     assert len(request.inputs) == items <= max_inputs
     assert all(len(text) <= max_chars for text in request.inputs if isinstance(text, str))
     assert all(isinstance(key, str) for key in request.parameters)
-    assert request.operation in ("run", "tokenize")
+    assert request.operation in OPERATIONS
     for task in TASKS:
         try:
             check_request(task, request.operation, request.inputs)
