@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.daemons import Daemon, http_json, start_broker, start_worker, wait_for_worker, wait_until
+from tests.e2e.vectors import cosine
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch import AsyncClient
 from zbatch.protocol import payloads
@@ -73,7 +74,7 @@ def as_texts(broker: Daemon, model: str, texts: list[str], **parameters: Any) ->
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
-    return [float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b, strict=True)]
+    return [cosine(x, y) for x, y in zip(a, b, strict=True)]
 
 
 def wait_for_line(gateway: Daemon, model: str, line: str) -> None:

@@ -288,7 +288,6 @@ class TextRunner:
         """Each input tokenized for the model, or the InputError that refuses it alone; InputError for a bad
         batch.  The tokenizer only, never torch: any thread may call it."""
         check_inputs(inputs, self.kind, self.spec.task)
-        self._check_tokenized_by(parameters)
         check_parameters(self._callers(parameters), self.parameters | TRUNCATION_PARAMETERS | self._prompt_parameters,
                          self.spec.task)
         truncation = truncation_of(parameters)
@@ -400,20 +399,17 @@ class TextRunner:
                         InputError(f"this worker's tokenizer is {own}, not {shortened(repr(item))}")
                         for item in inputs], [0] * len(inputs))
 
-    def _check_tokenized_by(self, parameters: dict[str, Any]) -> None:
-        """Refuse token ids made with a tokenizer other than this worker's (a model changed under its name); a worker
-        that announces none refuses ``tokenized_by`` as an unknown parameter."""
+    def _callers(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The parameters a caller chose, without the ``tokenized_by`` a gateway adds where this worker announces a
+        tokenizer (so a refusal lists only what a caller may send); InputError for ids made with another tokenizer
+        (a model changed under its name).  A worker that announces none keeps it, to refuse as unknown."""
         sender = parameters.get(TOKENIZED_BY)
-        if self._edge_form and sender is not None and sender != self.details.tokenizer:
+        if not self._edge_form or sender is None:
+            return parameters
+        if sender != self.details.tokenizer:
             raise InputError(f"these inputs were tokenized with tokenizer {shortened(repr(sender))} and this "
                              f"worker's model {self.spec.name!r} uses {self.details.tokenizer}: send the texts, or "
                              "retry once the sender has its new tokenizer")
-
-    def _callers(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        """The parameters a caller chose: without ``tokenized_by``, which a gateway adds where this worker announces
-        a tokenizer (so a refusal lists only what a caller may send)."""
-        if not self._edge_form or TOKENIZED_BY not in parameters:
-            return parameters
         return {name: value for name, value in parameters.items() if name != TOKENIZED_BY}
 
     @property
