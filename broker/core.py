@@ -74,6 +74,11 @@ requests per client connection, models per worker (at decode), and models
 nobody serves are forgotten after ``FORGET_MODEL_S``, and at once, oldest
 first, past ``MAX_WORKERLESS_MODELS`` of them.
 
+A worker's answers to a batch may come grouped in one REPLIES message, and a
+client that sends its requests ``grouped`` gets the answers forwarded to it
+by one worker message grouped too (PROTOCOL.md 3.10): fewer messages per
+request for every peer.  Each grouped answer is handled as its own REPLY.
+
 Workers are expired by silence (``heartbeat_ms * heartbeat_liveness``)
 whether idle or busy; the core sends them a HEARTBEAT every interval.
 Clients may send HEARTBEAT too, and get one back.
@@ -102,6 +107,7 @@ from zbatch.protocol.wire import (
     Cancel,
     Disconnect,
     Drain,
+    GroupedReplies,
     Heartbeat,
     ProtocolError,
     Ready,
@@ -179,6 +185,7 @@ class BrokerCore:
         self._workerless: dict[str, None] = {}  # models whose last worker left, oldest first
         self._next_heartbeat = self.started_at
         self._next_sweep = self.started_at + SWEEP_EVERY_S
+        self._grouping: dict[bytes, list[tuple[bytes, bytes, bytes]]] = {}  # by client: answers to send grouped
 
     # ---------------------------------------------------------------- events
 
@@ -216,7 +223,12 @@ class BrokerCore:
             return
         worker.last_seen = self.clock()
         if isinstance(message, Reply):
-            self._worker_reply(worker, message, frames)
+            self._worker_reply(worker, message, frames[2])
+            self._send_grouped()
+        elif isinstance(message, GroupedReplies):
+            for reply, meta in zip(message.replies, message.metas, strict=True):
+                self._worker_reply(worker, reply, meta)
+            self._send_grouped()
         elif isinstance(message, Heartbeat):
             self._worker_heartbeat(worker, message)
         elif isinstance(message, Drain):
@@ -332,7 +344,8 @@ class BrokerCore:
         timeout_ms = self._timeout_ms(request)
         job_id = self._epoch + struct.pack(">Q", next(self._job_ids))
         job = Job(job_id, client, request.request_id, request.model, request.items,
-                  request.payload, now, now + timeout_ms / 1000, request.priority, request.trace)
+                  request.payload, now, now + timeout_ms / 1000, request.priority, request.trace,
+                  grouped=request.grouped)
         self.jobs[job_id] = job
         self.by_client[(client, request.request_id)] = job
         self.unanswered[client] += 1
@@ -411,7 +424,8 @@ class BrokerCore:
                 log.debug("dispatched job %s to worker %s after %.1f ms", job.job_id.hex(), worker.ready.name,
                           (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
             remaining_ms = max(1, round((job.deadline - now) * 1000))
-            request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace)
+            request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace,
+                              grouped=True)
             self.outbox.append((Peer.WORKER, worker.identity, wire.encode_request(request)))
         model.note_backlog(now)
 
@@ -510,7 +524,7 @@ class BrokerCore:
             self.models[job.model].in_flight_items -= job.items
         return job
 
-    def _worker_reply(self, worker: WorkerState, reply: Reply, frames: list[bytes]) -> None:
+    def _worker_reply(self, worker: WorkerState, reply: Reply, meta: bytes) -> None:
         job = self._release(worker, reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
@@ -523,10 +537,11 @@ class BrokerCore:
         elif reply.status in STRAYS:
             self._stray(worker, job, reply)
         else:
-            self._forward(worker, job, reply, frames)
+            self._forward(worker, job, reply, meta)
         self._dispatch_to(worker)
 
-    def _forward(self, worker: WorkerState, job: Job, reply: Reply, frames: list[bytes]) -> None:
+    def _forward(self, worker: WorkerState, job: Job, reply: Reply, meta: bytes) -> None:
+        """The worker's answer to the client, its meta frame and payload untouched."""
         if reply.status is Status.OK:
             self.models[job.model].answered_at(job, self.clock())
         self._settle(job)
@@ -535,8 +550,17 @@ class BrokerCore:
             self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
                           worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
                           request_id=job.trace)
-        self.outbox.append((Peer.CLIENT, job.client, wire.readdress_reply(frames, job.request_id)))
+        if job.grouped:
+            self._grouping.setdefault(job.client, []).append((job.request_id, meta, reply.payload))
+        else:
+            self.outbox.append((Peer.CLIENT, job.client, wire.readdressed_reply(job.request_id, meta, reply.payload)))
         self._forget(job)
+
+    def _send_grouped(self) -> None:
+        """The answers one worker message brought for clients that take them grouped: few messages each."""
+        for client, answers in self._grouping.items():
+            self.outbox += [(Peer.CLIENT, client, frames) for frames in wire.group_answers(answers)]
+        self._grouping.clear()
 
     def _stray(self, worker: WorkerState, job: Job, reply: Reply) -> None:
         """A status the worker may not send (``STRAYS``): the work was not done, through the worker's fault.

@@ -97,6 +97,7 @@ class Job:
     deadline: float
     priority: int = NORMAL_PRIORITY
     trace: str = ""
+    grouped: bool = False  # its client takes the answer in a REPLIES message
     deaths: int = 0
     strays: int = 0
     avoid: bytes | None = None

@@ -41,7 +41,9 @@ The rules:
    into a batch at once) of a model the engine prepares ahead for is handed
    out in ``Prepare``, so the engine's pool tokenizes it while it waits.
 5. **Replies.**  Each request is answered once, over the broker link it came
-   from, under that broker's job id (:class:`~worker.shares.Shares`).
+   from, under that broker's job id (:class:`~worker.shares.Shares`); the
+   answers one event gives to requests their broker sent ``grouped`` leave
+   in one REPLIES message per broker (PROTOCOL.md 3.10).
 6. **Watchdog.**  A batch running longer than ``batch_timeout_s`` means the
    model is stuck: ``tick`` answers ``Stuck`` and the shell exits.
 7. **Drain.**  ``start_drain`` sends DRAIN to every broker; once every
@@ -396,11 +398,18 @@ class WorkerCore:
 
     def _answer(self, replies: list[Reply], actions: list[Action]) -> None:
         """Rule 5: each reply over the link its request came from, under that broker's job id."""
+        grouped: dict[int, list[Reply]] = {}
         for reply in replies:
             routed = self.shares.route(reply)
-            if routed is not None:
-                link, answer = routed
+            if routed is None:
+                continue
+            link, answer, together = routed
+            if together:
+                grouped.setdefault(link, []).append(answer)
+            else:
                 actions.append(Send(link, wire.encode_reply(answer)))
+        for link, answers in grouped.items():
+            actions += [Send(link, frames) for frames in wire.encode_grouped(answers)]
         if replies and self.shares.several:
             actions += self._announce_shares()  # a lost broker's work ended: its items go to the others
 

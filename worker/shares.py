@@ -48,6 +48,7 @@ class _Job:
     link: int
     job_id: bytes
     items: int
+    grouped: bool = False  # its broker takes the answer in a REPLIES message
     orphaned: bool = False
 
 
@@ -111,23 +112,24 @@ class Shares:
             return Reply(request.request_id, Status.DECLINED, DECLINED_MESSAGE)
         local = self.local_id(index, request.request_id)
         if local not in self._jobs:  # a duplicate id is refused by the worker, under the first job's name
-            self._jobs[local] = _Job(index, request.request_id, request.items)
+            self._jobs[local] = _Job(index, request.request_id, request.items, request.grouped)
             self.links[index].held += request.items
         return request if local == request.request_id else dataclasses.replace(request, request_id=local)
 
     def local_id(self, index: int, job_id: bytes) -> bytes:
         return bytes((index,)) + job_id if self.several else job_id
 
-    def route(self, reply: Reply) -> tuple[int, Reply] | None:
-        """The link to answer on and the reply under the broker's job id; None to drop it."""
+    def route(self, reply: Reply) -> tuple[int, Reply, bool] | None:
+        """The link to answer on, the reply under the broker's job id and whether that broker takes it grouped;
+        None to drop it."""
         job = self._jobs.pop(reply.request_id, None)
         if job is None:
-            return (0, reply) if not self.several else None
+            return (0, reply, False) if not self.several else None
         self.links[job.link].held -= job.items
         if job.orphaned:
             return None
         same = reply.request_id == job.job_id
-        return job.link, reply if same else dataclasses.replace(reply, request_id=job.job_id)
+        return job.link, reply if same else dataclasses.replace(reply, request_id=job.job_id), job.grouped
 
     def orphan(self, index: int) -> list[bytes]:
         """Link ``index`` was lost: its jobs' replies will be dropped; returns their local ids, to skip them."""

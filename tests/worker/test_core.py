@@ -269,3 +269,33 @@ def test_a_lost_broker_s_waiting_work_is_dropped_unanswered() -> None:
     assert replies(actions) == []  # that broker gave it up: nobody to answer
     assert core.held == 1
     assert of(Submit, core.batch_done(running.ticket, ["vx"], 0.01)) == []
+
+
+def grouped(job: str, texts: list[Any]) -> Request:
+    plain = request(job, texts)
+    return Request(plain.request_id, plain.model, plain.items, plain.payload, grouped=True)
+
+
+def test_a_batch_s_answers_to_grouped_requests_leave_in_one_message_per_broker() -> None:
+    clock = FakeClock()
+    core = make_core(clock, slot(max_batch_size=8), links=2)
+    (first,) = of(Submit, core.message(0, request("z", ["x"])))  # the engine busy: what comes next waits
+    for link, job in ((0, "a"), (1, "b"), (0, "c"), (1, "d")):
+        core.message(link, grouped(job, ["x"]))
+    core.message(0, request("e", ["x"]))  # this broker did not ask for grouping on it
+    (submit,) = of(Submit, core.batch_done(first.ticket, ["v"], 0.01))
+    assert len(submit.batch.items) == 5
+    sent = [action for action in of(Send, core.batch_done(submit.ticket, ["v"] * 5, 0.01))
+            if wire.decode_header(action.frames) is not wire.Command.HEARTBEAT]
+    by_link: dict[int, list[list[bytes]]] = {}
+    for action in sent:
+        by_link.setdefault(action.link, []).append(action.frames)
+    assert sorted(by_link) == [0, 1]
+    (plain,) = [frames for frames in by_link[0] if frames[0] == wire.HEADERS[wire.Command.REPLY]]
+    assert wire.decode_reply(plain).request_id == b"e"
+    for link, jobs in ((0, [b"a", b"c"]), (1, [b"b", b"d"])):
+        (group,) = [frames for frames in by_link[link] if frames[0] == wire.HEADERS[wire.Command.REPLIES]]
+        message = wire.decode_worker_message(group)
+        assert isinstance(message, wire.GroupedReplies)
+        assert [reply.request_id for reply in message.replies] == jobs
+        assert all(outputs(reply) == ["v"] for reply in message.replies)

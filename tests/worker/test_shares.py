@@ -42,8 +42,8 @@ def test_replies_go_back_over_their_link_under_the_brokers_job_id() -> None:
     second = shares.admit(1, request(b"same"))
     assert isinstance(first, Request) and isinstance(second, Request)
     assert first.request_id != second.request_id  # job ids are scoped to a link
-    assert shares.route(Reply(second.request_id, Status.OK)) == (1, Reply(b"same", Status.OK))
-    assert shares.route(Reply(first.request_id, Status.OK)) == (0, Reply(b"same", Status.OK))
+    assert shares.route(Reply(second.request_id, Status.OK)) == (1, Reply(b"same", Status.OK), False)
+    assert shares.route(Reply(first.request_id, Status.OK)) == (0, Reply(b"same", Status.OK), False)
     assert shares.held == 0
 
 
@@ -70,5 +70,5 @@ def test_one_broker_sees_the_worker_as_before() -> None:
     assert isinstance(admitted, Request) and admitted.request_id == b"j"
     assert isinstance(shares.admit(0, request(b"k", 9)), Request)  # never declined
     assert shares.orphan(0) == []
-    assert shares.route(Reply(b"j", Status.OK)) == (0, Reply(b"j", Status.OK))
-    assert shares.route(Reply(b"unknown", Status.OK)) == (0, Reply(b"unknown", Status.OK))
+    assert shares.route(Reply(b"j", Status.OK)) == (0, Reply(b"j", Status.OK), False)
+    assert shares.route(Reply(b"unknown", Status.OK)) == (0, Reply(b"unknown", Status.OK), False)

@@ -36,6 +36,7 @@ EXAMPLES: dict[str, list[bytes]] = {
     "disconnect": wire.encode_disconnect("bye"),
     "cancel": wire.encode_cancel(RID),
     "stats": wire.encode_stats_query(RID),
+    "replies": wire.encode_grouped([Reply(RID, Status.OK), Reply(b"\x00\x00\x00\x02", Status.WORKER_ERROR, "oom")])[0],
 }
 
 

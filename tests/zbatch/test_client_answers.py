@@ -87,3 +87,54 @@ def test_a_request_still_waiting_for_its_connection_is_refused_here_once_the_bre
     reply, elapsed_s = asyncio.run(scenario())
     assert reply.status is wire.Status.OVERLOADED and 0 < (reply.retry_after_ms or 0) <= 800
     assert elapsed_s < 1.0  # the next send attempt, 5 ms on, not the 5 s connect timeout
+
+
+def grouping_broker(ready: threading.Event, done: threading.Event, asked: list[bool]) -> str:
+    """A ROUTER that answers two REQUESTs in one REPLIES: the one whose payload is ``good`` with ``ok``, the other
+    with a status this client does not know; ``asked`` records whether each request said it takes grouped
+    answers."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def serve() -> None:
+        ready.set()
+        answers: list[bytes] = []
+        ok = msgpack.packb({"status": "ok", "message": ""})
+        odd = msgpack.packb({"status": "brand_new_status", "message": "from a newer broker"})
+        try:
+            while not done.is_set() and len(asked) < 2:
+                if not router.poll(100):
+                    continue
+                peer, *frames = router.recv_multipart()
+                if frames[0] == wire.HEADERS[wire.Command.REQUEST]:
+                    answers += [frames[1], ok if frames[3] == b"good" else odd, b""]
+                    asked.append(msgpack.unpackb(frames[2]).get("grouped") is True)
+            router.send_multipart([peer, wire.HEADERS[wire.Command.REPLIES], *answers])
+            done.wait(10)
+        finally:
+            router.close(linger=0)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"tcp://127.0.0.1:{port}"
+
+
+def test_grouped_answers_end_each_request_on_its_own() -> None:
+    ready, done = threading.Event(), threading.Event()
+    asked: list[bool] = []
+    endpoint = grouping_broker(ready, done, asked)
+    ready.wait(5)
+
+    async def ask() -> tuple[wire.Reply | BaseException, wire.Reply | BaseException]:
+        async with AsyncClient(endpoint, timeout_ms=60_000) as client:
+            return await asyncio.gather(client.request("m", b"good", items=1), client.request("m", b"odd", items=1),
+                                        return_exceptions=True)
+
+    try:
+        first, second = asyncio.run(ask())
+    finally:
+        done.set()
+    assert asked == [True, True]
+    assert isinstance(first, wire.Reply) and first.status is wire.Status.OK
+    assert isinstance(second, ZBatchError) and not isinstance(second, BrokerUnavailable)
+    assert "unknown status" in str(second)

@@ -38,9 +38,71 @@ def test_reply_round_trip_and_readdress() -> None:
     reply = Reply(b"job", Status.OVERLOADED, "busy", b"", retry_after_ms=1000)
     frames = wire.encode_reply(reply)
     assert wire.decode_reply(frames) == reply
-    forwarded = wire.readdress_reply(frames, b"client-id")
+    forwarded = wire.readdressed_reply(b"client-id", frames[2], frames[3])
     assert wire.decode_reply(forwarded) == Reply(b"client-id", Status.OVERLOADED, "busy", b"", 1000)
     assert forwarded[2] is frames[2] and forwarded[3] is frames[3]  # meta and payload untouched
+
+
+def test_a_grouped_request_says_so_and_an_ungrouped_one_sends_no_key() -> None:
+    grouped = Request(b"id-1", "m", 1, b"", grouped=True)
+    assert wire.decode_client_message(wire.encode_request(grouped)) == grouped
+    assert msgpack.unpackb(wire.encode_request(grouped)[2])["grouped"] is True
+    assert "grouped" not in msgpack.unpackb(wire.encode_request(Request(b"id-1", "m", 1, b""))[2])
+    with pytest.raises(ProtocolError, match="'grouped' must be of type bool"):
+        wire.decode_client_message([wire.HEADERS[Command.REQUEST], b"r", msgpack.packb(
+            {"model": "m", "items": 1, "grouped": 1}), b""])
+
+
+def test_grouped_answers_round_trip_each_as_its_own_reply() -> None:
+    replies = [Reply(b"a", Status.OK, "", b"\x01\x02"), Reply(b"b", Status.WORKER_ERROR, "broke"),
+               Reply(b"c", Status.OVERLOADED, "full", b"", 500)]
+    [frames] = wire.encode_grouped(replies)
+    assert frames[0] == wire.HEADERS[Command.REPLIES] and len(frames) == 1 + 3 * len(replies)
+    decoded = wire.decode_worker_message(frames)
+    assert isinstance(decoded, wire.GroupedReplies) and list(decoded.replies) == replies
+    assert decoded.metas == tuple(frames[2::3])  # each meta frame kept for the broker to forward untouched
+    assert [wire.decode_reply(answer) for answer in wire.split_grouped(frames)] == replies
+
+
+def test_one_answer_goes_as_a_plain_reply() -> None:
+    reply = Reply(b"a", Status.OK, "", b"x")
+    assert wire.encode_grouped([reply]) == [wire.encode_reply(reply)]
+    assert wire.encode_grouped([]) == []
+
+
+def test_grouping_splits_at_the_answer_and_byte_limits() -> None:
+    many = [Reply(i.to_bytes(4, "big"), Status.OK, "", b"p") for i in range(wire.MAX_GROUPED_REPLIES + 3)]
+    counts = [(len(frames) - 1) // 3 for frames in wire.encode_grouped(many)]
+    assert counts == [wire.MAX_GROUPED_REPLIES, 3]
+    big = b"x" * (wire.MAX_GROUPED_BYTES // 2 + 1)
+    sizes = [(len(frames) - 1) // 3 for frames in wire.encode_grouped([Reply(b"%d" % i, Status.OK, "", big)
+                                                                          for i in range(5)])]
+    assert sizes == [1, 1, 1, 1, 1]  # two never fit under the byte limit together
+    assert all(len(frames) == 4 for frames in wire.encode_grouped([Reply(b"1", Status.OK, "", big)] * 2))
+    payload = b"y" * 100
+    assert [(len(f) - 1) // 3 for f in wire.encode_grouped([Reply(b"%d" % i, Status.OK, "", payload)
+                                                             for i in range(3)])] == [3]
+
+
+@pytest.mark.parametrize("frames, match", [
+    ([wire.HEADERS[Command.REPLIES]], "1 to 1024 answers"),
+    ([wire.HEADERS[Command.REPLIES], b"a", wire.pack({"status": "ok"})], "1 to 1024 answers"),
+    ([wire.HEADERS[Command.REPLIES]] + [b"a", wire.pack({"status": "ok"}), b""] * 1025, "1 to 1024 answers"),
+    ([wire.HEADERS[Command.REPLIES], b"a", wire.pack({"status": "ok"}), b"", b"", wire.pack({"status": "ok"}),
+      b""], "request id"),
+    ([wire.HEADERS[Command.REPLIES], b"a", wire.pack({"status": "ok"}), b"", b"b", wire.pack({"status": "maybe"}),
+      b""], "unknown status"),
+])
+def test_a_worker_s_grouped_answers_are_malformed_whole_if_one_is(frames: list[bytes], match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode_worker_message(frames)
+
+
+def test_grouped_answers_come_only_from_workers() -> None:
+    [frames] = wire.encode_grouped([Reply(b"a", Status.OK), Reply(b"b", Status.OK)])
+    for decode in (wire.decode_client_message, wire.decode_broker_to_worker):
+        with pytest.raises(ProtocolError, match="REPLIES is not allowed"):
+            decode(frames)
 
 
 def test_worker_messages_round_trip() -> None:

@@ -29,6 +29,7 @@ from zbatch.protocol.wire import (
     Command,
     Disconnect,
     Drain,
+    GroupedReplies,
     Heartbeat,
     ModelInfo,
     ProtocolError,
@@ -188,6 +189,9 @@ ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
     Drain: lambda message: wire.encode_drain(),
     Cancel: lambda message: wire.encode_cancel(message.request_id),
     StatsQuery: lambda message: wire.encode_stats_query(message.request_id),
+    GroupedReplies: lambda message: [wire.HEADERS[Command.REPLIES], *(
+        frame for reply, meta in zip(message.replies, message.metas, strict=True)
+        for frame in (reply.request_id, meta, reply.payload))],
 }
 
 

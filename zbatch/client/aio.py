@@ -58,6 +58,7 @@ from zbatch.runtime.settings import split_endpoints
 from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 
 HEARTBEAT = wire.encode_heartbeat()
+GROUPED = wire.HEADERS[wire.Command.REPLIES]
 DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
@@ -216,7 +217,7 @@ class AsyncClient:
         Without ``timeout_ms`` the broker applies its default; ``self.timeout_ms``
         should match it, since it bounds how long this side waits.
         """
-        request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace)
+        request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace, grouped=True)
         own_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         pending = _Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
                            time.monotonic() + own_ms / 1000, own_ms)
@@ -497,6 +498,18 @@ class AsyncClient:
             self._rejoined(index)
         if frames == HEARTBEAT:
             return
+        if frames and frames[0] == GROUPED:  # several answers in one message (PROTOCOL.md 3.10): each on its own
+            try:
+                answers = wire.split_grouped(frames)
+            except wire.ProtocolError:
+                return  # which requests it answers cannot be known: they end at their deadlines
+            for answer in answers:
+                self._answered(index, answer)
+            return
+        self._answered(index, frames)
+
+    def _answered(self, index: int, frames: list[bytes]) -> None:
+        """One REPLY from broker ``index``: the end of its request, unless a late duplicate or sent elsewhere."""
         try:
             reply = wire.decode_reply(frames)
         except wire.ProtocolError as exc:
@@ -567,7 +580,7 @@ class AsyncClient:
         assert request is not None
         remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
         return wire.encode_request(Request(pending.request_id, request.model, request.items, request.payload,
-                                           remaining_ms, request.priority, request.trace))
+                                           remaining_ms, request.priority, request.trace, grouped=True))
 
     def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
         """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;

@@ -34,6 +34,8 @@ MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
 MAX_DTYPE_CHARS: Final = 32
 MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
 MAX_LABEL_CHARS: Final = 128
+MAX_GROUPED_REPLIES: Final = 1024  # answers in one REPLIES message (3.10)
+MAX_GROUPED_BYTES: Final = 4 * 1024 * 1024  # a sender starts another REPLIES past this many payload bytes
 TOKENIZER_FINGERPRINT: Final = re.compile(r"[0-9a-f]{16}")  # payloads.tokenizer_fingerprint's form
 MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels",
                                     "tokenizer"})
@@ -53,6 +55,7 @@ class Command(enum.IntEnum):
     CANCEL = 6  # client -> broker, broker -> worker
     STATS = 7  # client -> broker (answered with REPLY)
     DRAIN = 8  # worker -> broker: send no more work; broker -> worker: acknowledged
+    REPLIES = 9  # broker -> client, worker -> broker: several REPLYs in one message, for a sender that allows it
 
 
 class Status(enum.StrEnum):
@@ -93,6 +96,7 @@ class Request:
     timeout_ms: int | None = None
     priority: int = NORMAL_PRIORITY
     trace: str = ""
+    grouped: bool = False  # its sender takes the answer inside a REPLIES message
 
 
 @dataclass(slots=True)
@@ -159,7 +163,7 @@ class BatchCounters:
 
 
 COUNTER_KEYS: Final = frozenset(f.name for f in dataclasses.fields(BatchCounters))
-REQUEST_KEYS: Final = frozenset({"model", "items", "timeout_ms", "priority", "trace"})
+REQUEST_KEYS: Final = frozenset({"model", "items", "timeout_ms", "priority", "trace", "grouped"})
 REPLY_KEYS: Final = frozenset({"status", "message", "retry_after_ms"})
 
 
@@ -192,6 +196,15 @@ class StatsQuery:
     request_id: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class GroupedReplies:
+    """A REPLIES message: several answers, each with the meta frame it came in, so a broker can forward that
+    frame untouched (3.10)."""
+
+    replies: tuple[Reply, ...]
+    metas: tuple[bytes, ...]
+
+
 ClientMessage = Request | Cancel | StatsQuery | Heartbeat
-WorkerMessage = Ready | Reply | Heartbeat | Disconnect | Drain
+WorkerMessage = Ready | Reply | GroupedReplies | Heartbeat | Disconnect | Drain
 BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain

@@ -65,6 +65,12 @@ from zbatch.protocol.messages import (
     MAX_DTYPE_CHARS as MAX_DTYPE_CHARS,
 )
 from zbatch.protocol.messages import (
+    MAX_GROUPED_BYTES as MAX_GROUPED_BYTES,
+)
+from zbatch.protocol.messages import (
+    MAX_GROUPED_REPLIES as MAX_GROUPED_REPLIES,
+)
+from zbatch.protocol.messages import (
     MAX_ID_BYTES as MAX_ID_BYTES,
 )
 from zbatch.protocol.messages import (
@@ -152,6 +158,9 @@ from zbatch.protocol.messages import (
     Drain as Drain,
 )
 from zbatch.protocol.messages import (
+    GroupedReplies as GroupedReplies,
+)
+from zbatch.protocol.messages import (
     Heartbeat as Heartbeat,
 )
 from zbatch.protocol.messages import (
@@ -198,14 +207,47 @@ def encode_request(request: Request) -> list[bytes]:
         meta["priority"] = request.priority
     if request.trace:
         meta["trace"] = request.trace
+    if request.grouped:
+        meta["grouped"] = True
     return [HEADERS[Command.REQUEST], request.request_id, pack(meta), request.payload]
 
 
 def encode_reply(reply: Reply) -> list[bytes]:
+    return [HEADERS[Command.REPLY], reply.request_id, _reply_meta(reply), reply.payload]
+
+
+def _reply_meta(reply: Reply) -> bytes:
     meta: dict[str, Any] = {"status": reply.status.value, "message": reply.message}
     if reply.retry_after_ms is not None:
         meta["retry_after_ms"] = reply.retry_after_ms
-    return [HEADERS[Command.REPLY], reply.request_id, pack(meta), reply.payload]
+    return pack(meta)
+
+
+def encode_grouped(replies: list[Reply]) -> list[list[bytes]]:
+    """Answers to requests sent ``grouped``, as few messages as the limits allow (PROTOCOL.md 3.10)."""
+    return group_answers([(reply.request_id, _reply_meta(reply), reply.payload) for reply in replies])
+
+
+def group_answers(answers: list[tuple[bytes, bytes, bytes]]) -> list[list[bytes]]:
+    """(request id, meta frame, payload) answers as REPLIES messages of at most ``MAX_GROUPED_REPLIES`` answers,
+    each started anew past ``MAX_GROUPED_BYTES`` of payload; an answer alone goes as a plain REPLY."""
+    messages: list[list[bytes]] = []
+    frames: list[bytes] = []
+    size = 0
+    for request_id, meta, payload in answers:
+        if frames and (len(frames) >= 3 * MAX_GROUPED_REPLIES or size + len(payload) > MAX_GROUPED_BYTES):
+            messages.append(_grouped_message(frames))
+            frames, size = [], 0
+        frames += (request_id, meta, payload)
+        size += len(payload)
+    if frames:
+        messages.append(_grouped_message(frames))
+    return messages
+
+
+def _grouped_message(frames: list[bytes]) -> list[bytes]:
+    command = Command.REPLY if len(frames) == 3 else Command.REPLIES
+    return [HEADERS[command], *frames]
 
 
 def encode_ready(ready: Ready) -> list[bytes]:
@@ -256,9 +298,9 @@ def encode_stats_query(request_id: bytes) -> list[bytes]:
     return [HEADERS[Command.STATS], request_id]
 
 
-def readdress_reply(frames: list[bytes], request_id: bytes) -> list[bytes]:
-    """The same REPLY under another request id: the broker forwards meta and payload untouched."""
-    return [HEADERS[Command.REPLY], request_id, frames[2], frames[3]]
+def readdressed_reply(request_id: bytes, meta: bytes, payload: bytes) -> list[bytes]:
+    """A worker's answer under the client's request id: the broker forwards meta and payload untouched."""
+    return [HEADERS[Command.REPLY], request_id, meta, payload]
 
 
 # --------------------------------------------------------------------------
@@ -303,6 +345,8 @@ def decode_worker_message(frames: list[bytes]) -> WorkerMessage:
         return _decode_ready(frames)
     if command is Command.REPLY:
         return decode_reply(frames)
+    if command is Command.REPLIES:
+        return _decode_grouped(frames)
     if command is Command.HEARTBEAT:
         return _decode_heartbeat(frames)
     if command is Command.DISCONNECT:
@@ -335,8 +379,32 @@ def decode_reply(frames: list[bytes]) -> Reply:
     if decode_header(frames) is not Command.REPLY:
         raise ProtocolError("expected a REPLY")
     _expect_frames(frames, 4, 4)
-    request_id = _check_id(frames[1])
-    meta = _unpack_meta(frames[2])
+    return _reply_of(frames[1], frames[2], frames[3])
+
+
+def split_grouped(frames: list[bytes]) -> list[list[bytes]]:
+    """A REPLIES message as the REPLY messages it groups, each to be decoded on its own (``decode_reply``),
+    so that one answer a receiver cannot read spoils no other."""
+    if decode_header(frames) is not Command.REPLIES:
+        raise ProtocolError("expected a REPLIES")
+    answers, extra = divmod(len(frames) - 1, 3)
+    if extra or not 1 <= answers <= MAX_GROUPED_REPLIES:
+        raise ProtocolError(f"REPLIES holds 1 to {MAX_GROUPED_REPLIES} answers of 3 frames each after its header, "
+                            f"got {len(frames) - 1} frames")
+    reply = HEADERS[Command.REPLY]
+    return [[reply, frames[index], frames[index + 1], frames[index + 2]] for index in range(1, len(frames), 3)]
+
+
+def _decode_grouped(frames: list[bytes]) -> GroupedReplies:
+    """REPLIES from a worker, whole: one answer that does not follow the protocol makes the message malformed."""
+    answers = split_grouped(frames)
+    return GroupedReplies(tuple(_reply_of(answer[1], answer[2], answer[3]) for answer in answers),
+                          tuple(answer[2] for answer in answers))
+
+
+def _reply_of(id_frame: bytes, meta_frame: bytes, payload: bytes) -> Reply:
+    request_id = _check_id(id_frame)
+    meta = _unpack_meta(meta_frame)
     _only_keys(meta, REPLY_KEYS)
     raw_status = _field(meta, "status", str)
     status = STATUSES.get(raw_status)
@@ -349,7 +417,7 @@ def decode_reply(frames: list[bytes]) -> Reply:
         request_id=request_id,
         status=status,
         message=_optional(meta, "message", str) or "",
-        payload=frames[3],
+        payload=payload,
         retry_after_ms=retry_after,
     )
 
@@ -379,8 +447,9 @@ def _decode_request(frames: list[bytes]) -> Request:
     trace = _optional(meta, "trace", str) or ""
     if len(trace) > MAX_TRACE_CHARS or not trace.isprintable():
         raise ProtocolError(f"trace must be printable and at most {MAX_TRACE_CHARS} characters")
+    grouped: bool = _optional(meta, "grouped", bool) or False
     return Request(request_id, model, items, frames[3], timeout_ms,
-                   NORMAL_PRIORITY if priority is None else priority, trace)
+                   NORMAL_PRIORITY if priority is None else priority, trace, grouped)
 
 
 def _decode_ready(frames: list[bytes]) -> Ready:
