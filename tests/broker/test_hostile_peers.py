@@ -9,6 +9,8 @@ the RSS of the same attacks at full size.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import zmq
 
 from tests.daemons import Daemon, broker_stats, spawn, start_broker, wait_until
 from tests.hostile import HostileWorker, NormalTraffic, blast, never_read
+from zbatch.protocol import wire
 from zbatch.protocol.wire import BatchCounters
 
 MIB = 1 << 20
@@ -85,6 +88,39 @@ def test_a_worker_lying_about_its_capacity_is_refused(broker: Daemon, context: C
             traffic.stop()
         assert liar.received == 0 and sum(statuses.values()) == 10
         assert [w["name"] for w in stats(broker)["workers"]] == ["echo"]
+        assert_unharmed(broker, traffic)
+    finally:
+        liar.close()
+
+
+def test_a_worker_lying_in_grouped_answers_settles_nothing_it_does_not_hold(broker: Daemon, context: Context) -> None:
+    """A worker answers its jobs in a REPLIES whose last answer is garbage (dropped whole: the jobs end at their
+    deadlines), then in a valid REPLIES answers job ids it forged around its own, which belong to the echo
+    worker's honest traffic or to nobody: none of them is settled by it."""
+    liar = HostileWorker(context, broker.backend, b"liar").start()
+    liar.ready([VICTIM], 2)
+    wait_until(lambda: len(stats(broker)["workers"]) == 2, 10, "the lying worker to register")
+    statuses: list[Any] = []
+    try:
+        with NormalTraffic(broker.frontend, ECHO) as traffic:
+            victims = threading.Thread(target=lambda: statuses.append(
+                blast(context, broker.frontend, VICTIM, b"\x80", 2, timeout_ms=2_000, wait_s=30)))
+            victims.start()
+            wait_until(lambda: len(liar.job_ids) == 2, 10, "the lying worker to hold both requests")
+            ok = wire.pack({"status": "ok", "message": ""})
+            first, second = liar.job_ids
+            liar.send([wire.HEADERS[wire.Command.REPLIES], first, ok, b"\x80", second, b"\xc1 not msgpack", b""])
+            wait_until(lambda: traffic.answered >= 20, 30, "honest traffic to run beside the lie")
+            epoch, counter = first[:4], int.from_bytes(first[4:], "big")
+            around = (epoch + (counter + step).to_bytes(8, "big") for step in range(-min(counter, 50), 300))
+            forged = [job for job in around if job not in liar.job_ids]
+            for start in range(0, len(forged), 100):
+                liar.send([wire.HEADERS[wire.Command.REPLIES],
+                           *(frame for job in forged[start:start + 100] for frame in (job, ok, b"forged"))])
+            wait_until(lambda: traffic.answered >= 40, 30, "honest traffic after the forged answers")
+            victims.join(40)
+            traffic.stop()
+        assert statuses == [Counter({"deadline_exceeded": 2})], statuses
         assert_unharmed(broker, traffic)
     finally:
         liar.close()
