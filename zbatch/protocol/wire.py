@@ -161,6 +161,9 @@ from zbatch.protocol.messages import (
     GroupedReplies as GroupedReplies,
 )
 from zbatch.protocol.messages import (
+    GroupedRequests as GroupedRequests,
+)
+from zbatch.protocol.messages import (
     Heartbeat as Heartbeat,
 )
 from zbatch.protocol.messages import (
@@ -250,8 +253,17 @@ def _grouped_message(frames: list[bytes]) -> list[bytes]:
     return [HEADERS[command], *frames]
 
 
+def group_requests(messages: list[list[bytes]]) -> list[bytes]:
+    """REQUEST messages for one worker, in order, as one REQUESTS (PROTOCOL.md 3.11); the caller keeps within
+    ``MAX_GROUPED_REPLIES`` requests and ``MAX_GROUPED_BYTES`` of payload, and sends a lone one as it is."""
+    grouped = [HEADERS[Command.REQUESTS]]
+    for frames in messages:
+        grouped += (frames[1], frames[2], frames[3])
+    return grouped
+
+
 def encode_ready(ready: Ready) -> list[bytes]:
-    meta = {
+    meta: dict[str, Any] = {
         "models": [{"name": m.name, **m.details()} for m in ready.models],
         "capacity": ready.capacity,
         "name": ready.name,
@@ -259,6 +271,8 @@ def encode_ready(ready: Ready) -> list[bytes]:
         "pid": ready.pid,
         "device": ready.device,
     }
+    if ready.grouped:
+        meta["grouped"] = True
     return [HEADERS[Command.READY], pack(meta)]
 
 
@@ -362,6 +376,8 @@ def decode_broker_to_worker(frames: list[bytes]) -> BrokerToWorkerMessage:
     command = decode_header(frames)
     if command is Command.REQUEST:
         return _decode_request(frames)
+    if command is Command.REQUESTS:
+        return _decode_grouped_requests(frames)
     if command is Command.CANCEL:
         return Cancel(_decode_id_only(frames))
     if command is Command.HEARTBEAT:
@@ -393,6 +409,17 @@ def split_grouped(frames: list[bytes]) -> list[list[bytes]]:
                             f"got {len(frames) - 1} frames")
     reply = HEADERS[Command.REPLY]
     return [[reply, frames[index], frames[index + 1], frames[index + 2]] for index in range(1, len(frames), 3)]
+
+
+def _decode_grouped_requests(frames: list[bytes]) -> GroupedRequests:
+    """REQUESTS, whole: one request that does not follow the protocol makes the message malformed."""
+    count, extra = divmod(len(frames) - 1, 3)
+    if extra or not 1 <= count <= MAX_GROUPED_REPLIES:
+        raise ProtocolError(f"REQUESTS holds 1 to {MAX_GROUPED_REPLIES} requests of 3 frames each after its "
+                            f"header, got {len(frames) - 1} frames")
+    header = HEADERS[Command.REQUEST]
+    return GroupedRequests(tuple(_decode_request([header, frames[index], frames[index + 1], frames[index + 2]])
+                                 for index in range(1, len(frames), 3)))
 
 
 def _decode_grouped(frames: list[bytes]) -> GroupedReplies:
@@ -455,7 +482,7 @@ def _decode_request(frames: list[bytes]) -> Request:
 def _decode_ready(frames: list[bytes]) -> Ready:
     _expect_frames(frames, 2, 2)
     meta = _unpack_meta(frames[1])
-    _only_keys(meta, {"models", "capacity", "name", "host", "pid", "device"})
+    _only_keys(meta, {"models", "capacity", "name", "host", "pid", "device", "grouped"})
     raw_models = _field(meta, "models", list)
     if not 1 <= len(raw_models) <= MAX_MODELS_PER_WORKER:
         raise ProtocolError(f"READY must list at least one model and at most {MAX_MODELS_PER_WORKER}")
@@ -475,6 +502,7 @@ def _decode_ready(frames: list[bytes]) -> Ready:
         host=_display_text(meta, "host"),
         pid=pid,
         device=_display_text(meta, "device"),
+        grouped=_optional(meta, "grouped", bool) or False,
     )
 
 
