@@ -464,7 +464,7 @@ class BrokerCore:
                           (now - job.admitted_at) * 1000, extra={"request_id": job.trace})
             remaining_ms = max(1, round((job.deadline - now) * 1000))
             request = Request(job.job_id, job.model, job.items, job.payload, remaining_ms, job.priority, job.trace,
-                              grouped=True)
+                              grouped=worker.ready.grouped)
             self.outbox.append((Peer.WORKER, worker.identity, wire.encode_request(request)))
         model.note_backlog(now)
 

@@ -34,12 +34,14 @@ def answers(messages: list[list[bytes]]) -> list[Reply]:
     return replies
 
 
-def test_every_request_goes_to_the_worker_marked_grouped(clock: FakeClock) -> None:
-    core = make_core(clock)
-    ready(core, b"W1")
-    send(core, b"r1")
-    send(core, b"r2", grouped=True)
-    assert [job.grouped for _, job in dispatched(take(core))] == [True, True]
+def test_requests_are_marked_grouped_for_a_worker_that_said_so_whatever_their_client_sent(clock: FakeClock) -> None:
+    """An older worker, whose READY says nothing of grouping, gets no key it may not know."""
+    for says_so in (True, False):
+        core = make_core(clock)
+        (grouped_ready if says_so else ready)(core, b"W1", 4)
+        send(core, b"r1")
+        send(core, b"r2", grouped=True)
+        assert [job.grouped for _, job in dispatched(take(core))] == [says_so, says_so]
 
 
 def test_a_worker_s_grouped_answers_reach_a_grouped_client_in_one_message(clock: FakeClock) -> None:
