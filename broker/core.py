@@ -78,8 +78,7 @@ A worker's answers to a batch may come grouped in one REPLIES message, and a
 client that sends its requests ``grouped`` gets the answers forwarded to it
 by one worker message grouped too (PROTOCOL.md 3.10): fewer messages per
 request for every peer.  Each grouped answer is handled as its own REPLY.
-The other way, ``take_outbox`` sends a round's dispatches to a worker that
-reads REQUESTS as one message (3.11), never past another message for it.
+Only a worker whose READY says ``grouped`` is sent requests marked so.
 
 Workers are expired by silence (``heartbeat_ms * heartbeat_liveness``)
 whether idle or busy; the core sends them a HEARTBEAT every interval.
@@ -107,7 +106,6 @@ from broker.state import Job, ModelState, Phase, Step, WorkerState
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import (
     Cancel,
-    Command,
     Disconnect,
     Drain,
     GroupedReplies,
@@ -130,7 +128,6 @@ class Peer(enum.Enum):
 
 
 Outgoing = tuple[Peer, bytes, list[bytes]]
-REQUEST_HEADER = wire.HEADERS[Command.REQUEST]
 OVERDUE_S = 120.0  # a worker still holding a request this long after its deadline is stuck
 FORGET_MODEL_S = 300.0  # a model nobody serves or waits for is forgotten this long after its last worker left
 MAX_WORKERLESS_MODELS = 1_024  # past this many, the oldest idle workerless models are forgotten at once
@@ -190,6 +187,7 @@ class BrokerCore:
         self._next_heartbeat = self.started_at
         self._next_sweep = self.started_at + SWEEP_EVERY_S
         self._grouping: dict[bytes, list[tuple[bytes, bytes, bytes]]] = {}  # by client: answers to send grouped
+        self._collecting = False  # a REPLIES is being taken: answers for grouped clients wait in _grouping
 
     # ---------------------------------------------------------------- events
 
@@ -228,10 +226,11 @@ class BrokerCore:
         worker.last_seen = self.clock()
         if isinstance(message, Reply):
             self._worker_reply(worker, message, frames[2])
-            self._send_grouped()
         elif isinstance(message, GroupedReplies):
+            self._collecting = True
             for reply, meta in zip(message.replies, message.metas, strict=True):
                 self._worker_reply(worker, reply, meta)
+            self._collecting = False
             self._send_grouped()
         elif isinstance(message, Heartbeat):
             self._worker_heartbeat(worker, message)
@@ -323,41 +322,6 @@ class BrokerCore:
         for job in list(self.jobs.values()):
             if job.owed:
                 self._answer(job, Status.NO_WORKER, message)
-
-    def take_outbox(self) -> list[Outgoing]:
-        """What to send now, in order, the outbox emptied: the REQUESTs for a worker that reads REQUESTS, with
-        no other message for it between them, go as one (PROTOCOL.md 3.11).  The shell calls this once per
-        round of messages, so a round's dispatches to a worker leave together, still before anything sent to
-        it after them (a DRAIN's acknowledgement promises that no REQUEST follows)."""
-        outbox, self.outbox = self.outbox, []
-        merged: list[Outgoing] = []
-        runs: list[tuple[int, list[list[bytes]]]] = []  # where each run of REQUESTs goes, and the run
-        open_runs: dict[bytes, tuple[int, list[list[bytes]]]] = {}  # by worker: the run its next REQUEST may join
-        sizes: dict[bytes, int] = {}  # by worker: the payload bytes of its open run
-        for peer, identity, frames in outbox:
-            if peer is Peer.WORKER:
-                if frames[0] == REQUEST_HEADER and self._reads_requests(identity):
-                    run = open_runs.get(identity)
-                    size = len(frames[3])
-                    if run is not None and len(run[1]) < wire.MAX_GROUPED_REPLIES \
-                            and sizes[identity] + size <= wire.MAX_GROUPED_BYTES:
-                        run[1].append(frames)
-                        sizes[identity] += size
-                        continue
-                    run = open_runs[identity] = (len(merged), [frames])
-                    sizes[identity] = size
-                    runs.append(run)
-                else:
-                    open_runs.pop(identity, None)  # what follows this message goes after it
-            merged.append((peer, identity, frames))
-        for place, requests in runs:
-            if len(requests) > 1:
-                merged[place] = (Peer.WORKER, merged[place][1], wire.group_requests(requests))
-        return merged
-
-    def _reads_requests(self, identity: bytes) -> bool:
-        worker = self.workers.get(identity)
-        return worker is not None and worker.ready.grouped
 
     @property
     def idle(self) -> bool:
@@ -589,14 +553,14 @@ class BrokerCore:
             self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
                           worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
                           request_id=job.trace)
-        if job.grouped:
+        if job.grouped and self._collecting:
             self._grouping.setdefault(job.client, []).append((job.request_id, meta, reply.payload))
         else:
             self.outbox.append((Peer.CLIENT, job.client, wire.readdressed_reply(job.request_id, meta, reply.payload)))
         self._forget(job)
 
     def _send_grouped(self) -> None:
-        """The answers one worker message brought for clients that take them grouped: few messages each."""
+        """The answers one REPLIES brought for clients that take them grouped: few messages each."""
         for client, answers in self._grouping.items():
             self.outbox += [(Peer.CLIENT, client, frames) for frames in wire.group_answers(answers)]
         self._grouping.clear()

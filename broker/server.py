@@ -183,7 +183,8 @@ class BrokerServer(daemon.Service):
         assert self._poller is not None
         send, sockets, core = self._poller.send, self._sockets, self.core
         while core.outbox:
-            for peer, identity, frames in core.take_outbox():
+            outbox, core.outbox = core.outbox, []
+            for peer, identity, frames in outbox:
                 try:
                     send(sockets[peer], [identity, *frames])
                 except zmq.ZMQError as exc:

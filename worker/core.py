@@ -25,9 +25,7 @@ The rules:
    (:mod:`worker.requests`) and checked against its model's task; a bad one
    is answered ``bad_request`` at once.  Its deadline is its own timeout, or
    the drain timeout for one that states none.  Several brokers: a request
-   that would overfill the worker is declined (:mod:`worker.shares`).  The
-   requests of a REQUESTS message (PROTOCOL.md 3.11) are taken one by one,
-   in order, each as if it had come alone.
+   that would overfill the worker is declined (:mod:`worker.shares`).
 2. **One batch runs, one waits.**  The engine runs batches in order; the
    core hands it at most two: the one running and, while it runs, a full
    batch (it cannot grow any more) queued behind it, so the engine prepares
@@ -95,17 +93,7 @@ from worker.shares import Shares
 from worker.slots import ModelSlot, ready_infos
 from zbatch.protocol import wire
 from zbatch.protocol.vocabulary import RUN
-from zbatch.protocol.wire import (
-    BrokerToWorkerMessage,
-    Cancel,
-    Drain,
-    GroupedRequests,
-    Heartbeat,
-    Ready,
-    Reply,
-    Request,
-    Status,
-)
+from zbatch.protocol.wire import BrokerToWorkerMessage, Cancel, Drain, Heartbeat, Ready, Reply, Request, Status
 from zbatch.runtime.logs import LogLimiter
 
 log = logging.getLogger("zbatch.worker")
@@ -234,8 +222,6 @@ class WorkerCore:
 
     def message(self, link: int, message: BrokerToWorkerMessage) -> list[Action]:
         """One message from the broker of ``link``; whatever goes wrong with it, it is answered."""
-        if isinstance(message, GroupedRequests):  # each in turn, as if each had come alone (PROTOCOL.md 3.11)
-            return [action for request in message.requests for action in self.message(link, request)]
         actions: list[Action] = []
         local: bytes | None = None
         try:

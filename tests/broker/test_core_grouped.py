@@ -7,7 +7,7 @@ import pytest
 from broker.core import BrokerCore, Peer
 from tests.broker.test_core import FakeClock, client_replies, dispatched, make_core, ready, send, take
 from zbatch.protocol import wire
-from zbatch.protocol.wire import Command, GroupedRequests, ModelInfo, Ready, Reply, Request, Status
+from zbatch.protocol.wire import Command, ModelInfo, Ready, Reply, Request, Status
 
 
 @pytest.fixture
@@ -32,6 +32,11 @@ def answers(messages: list[list[bytes]]) -> list[Reply]:
         parts = wire.split_grouped(frames) if frames[0] == wire.HEADERS[Command.REPLIES] else [frames]
         replies += [wire.decode_reply(part) for part in parts]
     return replies
+
+
+def grouped_ready(core: BrokerCore, identity: bytes, capacity: int = 8) -> None:
+    core.worker_message(identity, wire.encode_ready(Ready((ModelInfo("m", "embeddings", 2),), capacity,
+                                                          grouped=True)))
 
 
 def test_requests_are_marked_grouped_for_a_worker_that_said_so_whatever_their_client_sent(clock: FakeClock) -> None:
@@ -128,80 +133,3 @@ def test_a_client_may_not_send_grouped_answers(clock: FakeClock) -> None:
 def test_a_grouped_request_round_trips_through_the_client_side_codec() -> None:
     request = Request(b"r", "m", 1, b"", grouped=True)
     assert wire.decode_client_message(wire.encode_request(request)) == request
-
-
-def grouped_ready(core: BrokerCore, identity: bytes, capacity: int = 8) -> None:
-    core.worker_message(identity, wire.encode_ready(Ready((ModelInfo("m", "embeddings", 2),), capacity,
-                                                          grouped=True)))
-
-
-def sent_to_workers(out: list[tuple[Peer, bytes, list[bytes]]]) -> list[tuple[bytes, Command, list[bytes]]]:
-    """Each message for a worker: its identity, command, and the job ids it carries (REQUEST, REQUESTS)."""
-    sent = []
-    for peer, identity, frames in out:
-        if peer is Peer.WORKER:
-            command = wire.decode_header(frames)
-            ids = frames[1::3] if command in (Command.REQUEST, Command.REQUESTS) else []
-            sent.append((identity, command, ids))
-    return sent
-
-
-def three_requests_for_one_worker(clock: FakeClock, *, reads_requests: bool) -> BrokerCore:
-    """A core with one worker, registered, and three requests of 1, 2 and 3 items dispatched to it, unsent."""
-    core = make_core(clock)
-    (grouped_ready if reads_requests else ready)(core, b"W1", 8)
-    core.take_outbox()
-    for index in range(3):
-        send(core, b"r%d" % index, items=index + 1)
-    return core
-
-
-def test_a_round_s_dispatches_to_a_worker_that_reads_requests_leave_as_one(clock: FakeClock) -> None:
-    core = three_requests_for_one_worker(clock, reads_requests=True)
-    [(worker, command, ids)] = sent_to_workers(core.take_outbox())
-    assert (worker, command, len(ids)) == (b"W1", Command.REQUESTS, 3)
-    assert core.outbox == []
-    send(core, b"alone")
-    [(_, _, frames)] = core.take_outbox()
-    assert wire.decode_header(frames) is Command.REQUEST  # a lone request goes as it is
-
-
-def test_grouped_requests_decode_as_the_requests_dispatched_in_order(clock: FakeClock) -> None:
-    core = three_requests_for_one_worker(clock, reads_requests=True)
-    [(_, _, frames)] = core.take_outbox()
-    message = wire.decode_broker_to_worker(frames)
-    assert isinstance(message, GroupedRequests)
-    assert [request.items for request in message.requests] == [1, 2, 3]
-    assert all(request.grouped and request.payload == b"P" for request in message.requests)
-
-
-def test_a_worker_that_did_not_say_so_gets_one_request_a_message(clock: FakeClock) -> None:
-    core = three_requests_for_one_worker(clock, reads_requests=False)
-    assert [command for _, command, _ in sent_to_workers(core.take_outbox())] == [Command.REQUEST] * 3
-
-
-def test_no_request_is_moved_past_another_message_for_its_worker(clock: FakeClock) -> None:
-    """A CANCEL between two runs of dispatches keeps its place: the first run before it, the second after."""
-    core = make_core(clock)
-    grouped_ready(core, b"W1")
-    core.take_outbox()
-    for request_id in (b"a", b"b", b"c"):
-        send(core, request_id)
-    core.client_message(b"C", wire.encode_cancel(b"a"))
-    send(core, b"d")
-    send(core, b"e")
-    sent = [(command, len(ids)) for _, command, ids in sent_to_workers(core.take_outbox())]
-    assert sent == [(Command.REQUESTS, 3), (Command.CANCEL, 0), (Command.REQUESTS, 2)]
-
-
-def test_requests_are_grouped_within_the_count_and_byte_limits(clock: FakeClock) -> None:
-    core = make_core(clock, max_backlog=5000, max_backlog_bytes=64 * 1024 * 1024)
-    grouped_ready(core, b"W1", capacity=5000)
-    core.take_outbox()
-    for index in range(wire.MAX_GROUPED_REPLIES + 5):
-        send(core, b"r%d" % index)
-    assert [len(ids) for _, _, ids in sent_to_workers(core.take_outbox())] == [wire.MAX_GROUPED_REPLIES, 5]
-    big = b"x" * (wire.MAX_GROUPED_BYTES // 2 + 1)
-    for index in range(3):
-        core.client_message(b"C", wire.encode_request(Request(b"big%d" % index, "m", 1, big)))
-    assert [wire.decode_header(frames) for _, _, frames in core.take_outbox()] == [Command.REQUEST] * 3

@@ -299,17 +299,4 @@ def test_a_batch_s_answers_to_grouped_requests_leave_in_one_message_per_broker()
         assert isinstance(message, wire.GroupedReplies)
         assert [reply.request_id for reply in message.replies] == jobs
         assert all(outputs(reply) == ["v"] for reply in message.replies)
-
-
-def test_grouped_requests_are_each_taken_as_if_each_had_come_alone() -> None:
-    clock = FakeClock()
-    core = make_core(clock, slot(max_batch_size=8))
-    (first,) = of(Submit, core.message(0, request("z", ["x"])))  # the engine busy: the group waits whole
-    actions = core.message(0, wire.GroupedRequests((grouped("a", ["x", "y"]), request("b", ["bad", 3]),
-                                                    grouped("c", ["x"]))))
-    ((_, refusal),) = replies(actions)  # the bad one answered alone, at once
-    assert refusal.request_id == b"b" and refusal.status is Status.BAD_REQUEST
-    assert core.held == 3
-    (submit,) = of(Submit, core.batch_done(first.ticket, ["v"], 0.01))
-    assert [item.request.job_id for item in submit.batch.items] == [b"a", b"a", b"c"]
-    assert core.ready_message(0, "cpu", "w").grouped  # the worker tells its brokers it reads REQUESTS
+    assert core.ready_message(0, "cpu", "w").grouped  # what lets its brokers send it grouped requests

@@ -18,7 +18,6 @@ from zbatch.protocol.wire import (
 )
 
 RID = b"\x00\x00\x00\x01"
-RID2 = b"\x00\x00\x00\x02"
 
 EXAMPLES: dict[str, list[bytes]] = {
     "request": wire.encode_request(
@@ -37,9 +36,7 @@ EXAMPLES: dict[str, list[bytes]] = {
     "disconnect": wire.encode_disconnect("bye"),
     "cancel": wire.encode_cancel(RID),
     "stats": wire.encode_stats_query(RID),
-    "requests": wire.group_requests([wire.encode_request(Request(RID, "m", 1, b"", 500, grouped=True)),
-                                     wire.encode_request(Request(RID2, "m", 1, b"", 400, grouped=True))]),
-    "replies": wire.encode_grouped([Reply(RID, Status.OK), Reply(RID2, Status.WORKER_ERROR, "oom")])[0],
+    "replies": wire.encode_grouped([Reply(RID, Status.OK), Reply(b"\x00\x00\x00\x02", Status.WORKER_ERROR, "oom")])[0],
 }
 
 

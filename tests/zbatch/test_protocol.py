@@ -105,22 +105,7 @@ def test_grouped_answers_come_only_from_workers() -> None:
             decode(frames)
 
 
-def test_grouped_requests_round_trip_in_order_and_only_to_a_worker() -> None:
-    requests = [Request(b"j1", "m", 2, b"\x01", 500, grouped=True), Request(b"j2", "n", 1, b"", 400, 0, "t")]
-    frames = wire.group_requests([wire.encode_request(request) for request in requests])
-    assert frames[0] == wire.HEADERS[Command.REQUESTS] and len(frames) == 7
-    assert wire.decode_broker_to_worker(frames) == wire.GroupedRequests(tuple(requests))
-    for decode in (wire.decode_client_message, wire.decode_worker_message):
-        with pytest.raises(ProtocolError, match="REQUESTS is not allowed"):
-            decode(frames)
-    bad = [*frames[:4], b"", *frames[5:]]
-    with pytest.raises(ProtocolError, match="request id"):
-        wire.decode_broker_to_worker(bad)  # one bad request spoils the message whole
-    with pytest.raises(ProtocolError, match="1 to 1024 requests"):
-        wire.decode_broker_to_worker(frames[:-1])
-
-
-def test_a_worker_says_it_reads_grouped_requests_in_ready() -> None:
+def test_a_worker_says_in_ready_that_it_takes_grouped_requests() -> None:
     grouped = Ready((ModelInfo("m", "embeddings", 32),), 64, grouped=True)
     assert wire.decode_worker_message(wire.encode_ready(grouped)) == grouped
     assert "grouped" not in msgpack.unpackb(wire.encode_ready(Ready((ModelInfo("m", "e", 1),), 1))[1])

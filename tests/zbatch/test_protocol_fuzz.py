@@ -30,7 +30,6 @@ from zbatch.protocol.wire import (
     Disconnect,
     Drain,
     GroupedReplies,
-    GroupedRequests,
     Heartbeat,
     ModelInfo,
     ProtocolError,
@@ -190,7 +189,6 @@ ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
     Drain: lambda message: wire.encode_drain(),
     Cancel: lambda message: wire.encode_cancel(message.request_id),
     StatsQuery: lambda message: wire.encode_stats_query(message.request_id),
-    GroupedRequests: lambda message: wire.group_requests([wire.encode_request(each) for each in message.requests]),
     GroupedReplies: lambda message: [wire.HEADERS[Command.REPLIES], *(
         frame for reply, meta in zip(message.replies, message.metas, strict=True)
         for frame in (reply.request_id, meta, reply.payload))],

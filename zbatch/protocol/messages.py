@@ -34,8 +34,8 @@ MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
 MAX_DTYPE_CHARS: Final = 32
 MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
 MAX_LABEL_CHARS: Final = 128
-MAX_GROUPED_REPLIES: Final = 1024  # answers in one REPLIES message, or requests in one REQUESTS (3.10, 3.11)
-MAX_GROUPED_BYTES: Final = 4 * 1024 * 1024  # a sender starts another such message past this many payload bytes
+MAX_GROUPED_REPLIES: Final = 1024  # answers in one REPLIES message (3.10)
+MAX_GROUPED_BYTES: Final = 4 * 1024 * 1024  # a sender starts another REPLIES past this many payload bytes
 TOKENIZER_FINGERPRINT: Final = re.compile(r"[0-9a-f]{16}")  # payloads.tokenizer_fingerprint's form
 MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels",
                                     "tokenizer"})
@@ -56,7 +56,6 @@ class Command(enum.IntEnum):
     STATS = 7  # client -> broker (answered with REPLY)
     DRAIN = 8  # worker -> broker: send no more work; broker -> worker: acknowledged
     REPLIES = 9  # broker -> client, worker -> broker: several REPLYs in one message, for a sender that allows it
-    REQUESTS = 10  # broker -> worker: several REQUESTs in one message, for a worker that reads them
 
 
 class Status(enum.StrEnum):
@@ -148,7 +147,7 @@ class Ready:
     host: str = ""
     pid: int = 0
     device: str = ""
-    grouped: bool = False  # the worker reads REQUESTS (3.11)
+    grouped: bool = False  # the worker takes grouped requests and answers them in REPLIES (3.4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,13 +206,6 @@ class GroupedReplies:
     metas: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class GroupedRequests:
-    """A REQUESTS message: several requests for one worker, in the order the broker dispatched them (3.11)."""
-
-    requests: tuple[Request, ...]
-
-
 ClientMessage = Request | Cancel | StatsQuery | Heartbeat
 WorkerMessage = Ready | Reply | GroupedReplies | Heartbeat | Disconnect | Drain
-BrokerToWorkerMessage = Request | GroupedRequests | Cancel | Heartbeat | Disconnect | Drain
+BrokerToWorkerMessage = Request | Cancel | Heartbeat | Disconnect | Drain

@@ -161,9 +161,6 @@ from zbatch.protocol.messages import (
     GroupedReplies as GroupedReplies,
 )
 from zbatch.protocol.messages import (
-    GroupedRequests as GroupedRequests,
-)
-from zbatch.protocol.messages import (
     Heartbeat as Heartbeat,
 )
 from zbatch.protocol.messages import (
@@ -228,6 +225,8 @@ def _reply_meta(reply: Reply) -> bytes:
 
 def encode_grouped(replies: list[Reply]) -> list[list[bytes]]:
     """Answers to requests sent ``grouped``, as few messages as the limits allow (PROTOCOL.md 3.10)."""
+    if len(replies) == 1:  # the usual case at low load, without the grouping's lists
+        return [encode_reply(replies[0])]
     return group_answers([(reply.request_id, _reply_meta(reply), reply.payload) for reply in replies])
 
 
@@ -251,15 +250,6 @@ def group_answers(answers: list[tuple[bytes, bytes, bytes]]) -> list[list[bytes]
 def _grouped_message(frames: list[bytes]) -> list[bytes]:
     command = Command.REPLY if len(frames) == 3 else Command.REPLIES
     return [HEADERS[command], *frames]
-
-
-def group_requests(messages: list[list[bytes]]) -> list[bytes]:
-    """REQUEST messages for one worker, in order, as one REQUESTS (PROTOCOL.md 3.11); the caller keeps within
-    ``MAX_GROUPED_REPLIES`` requests and ``MAX_GROUPED_BYTES`` of payload, and sends a lone one as it is."""
-    grouped = [HEADERS[Command.REQUESTS]]
-    for frames in messages:
-        grouped += (frames[1], frames[2], frames[3])
-    return grouped
 
 
 def encode_ready(ready: Ready) -> list[bytes]:
@@ -376,8 +366,6 @@ def decode_broker_to_worker(frames: list[bytes]) -> BrokerToWorkerMessage:
     command = decode_header(frames)
     if command is Command.REQUEST:
         return _decode_request(frames)
-    if command is Command.REQUESTS:
-        return _decode_grouped_requests(frames)
     if command is Command.CANCEL:
         return Cancel(_decode_id_only(frames))
     if command is Command.HEARTBEAT:
@@ -409,17 +397,6 @@ def split_grouped(frames: list[bytes]) -> list[list[bytes]]:
                             f"got {len(frames) - 1} frames")
     reply = HEADERS[Command.REPLY]
     return [[reply, frames[index], frames[index + 1], frames[index + 2]] for index in range(1, len(frames), 3)]
-
-
-def _decode_grouped_requests(frames: list[bytes]) -> GroupedRequests:
-    """REQUESTS, whole: one request that does not follow the protocol makes the message malformed."""
-    count, extra = divmod(len(frames) - 1, 3)
-    if extra or not 1 <= count <= MAX_GROUPED_REPLIES:
-        raise ProtocolError(f"REQUESTS holds 1 to {MAX_GROUPED_REPLIES} requests of 3 frames each after its "
-                            f"header, got {len(frames) - 1} frames")
-    header = HEADERS[Command.REQUEST]
-    return GroupedRequests(tuple(_decode_request([header, frames[index], frames[index + 1], frames[index + 2]])
-                                 for index in range(1, len(frames), 3)))
 
 
 def _decode_grouped(frames: list[bytes]) -> GroupedReplies:

@@ -57,15 +57,23 @@ class EchoWorker:
 
     def ready(self) -> list[bytes]:
         info = ModelInfo(self.args.model, "echo", self.args.max_batch)
-        return wire.encode_ready(Ready((info,), self.args.capacity, self.args.name, "", os.getpid(), "echo"))
+        return wire.encode_ready(Ready((info,), self.args.capacity, self.args.name, "", os.getpid(), "echo",
+                                       grouped=True))
 
-    def answer(self, request: Request) -> list[bytes]:
+    def answers(self, requests: list[Request]) -> list[list[bytes]]:
+        """The messages that answer ``requests``: those sent grouped in as few as the protocol allows, as the
+        real worker answers a batch (PROTOCOL.md 3.10), the others one each."""
+        grouped = [self._reply(request) for request in requests if request.grouped]
+        alone = [wire.encode_reply(self._reply(request)) for request in requests if not request.grouped]
+        return wire.encode_grouped(grouped) + alone
+
+    def _reply(self, request: Request) -> Reply:
         payload = request.payload
         if self.args.outputs == "vector":
             if request.items not in self._vectors:
                 self._vectors[request.items] = payloads.encode_payload({"outputs": [VECTOR] * request.items})
             payload = self._vectors[request.items]
-        return wire.encode_reply(Reply(request.request_id, Status.OK, "", payload))
+        return Reply(request.request_id, Status.OK, "", payload)
 
     def heartbeat(self) -> list[bytes]:
         counters = BatchCounters(self.batches, self.items, busy_ms=int(self.busy_s * 1000))
@@ -85,7 +93,7 @@ class EchoWorker:
             if isinstance(message, Request):
                 self.batches += 1
                 self.items += message.items
-                sockets.send_frames(self.socket, self.answer(message))
+                sockets.send_frames(self.socket, wire.encode_reply(self._reply(message)))
             elif isinstance(message, wire.Disconnect):
                 self.socket.send_multipart(self.ready())
 
@@ -125,8 +133,8 @@ class EchoWorker:
             self.busy_s += time.perf_counter() - started
             self.batches += 1
             self.items += items
-            for request in batch:
-                await self.socket.send_multipart(self.answer(request))
+            for frames in self.answers(batch):
+                await self.socket.send_multipart(frames)
 
 
 async def run_simulated_workers(args: argparse.Namespace) -> None:
