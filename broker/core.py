@@ -128,6 +128,7 @@ class Peer(enum.Enum):
 
 
 Outgoing = tuple[Peer, bytes, list[bytes]]
+Grouping = dict[bytes, list[tuple[bytes, bytes, bytes]]]  # by client: (request id, meta, payload) to send grouped
 OVERDUE_S = 120.0  # a worker still holding a request this long after its deadline is stuck
 FORGET_MODEL_S = 300.0  # a model nobody serves or waits for is forgotten this long after its last worker left
 MAX_WORKERLESS_MODELS = 1_024  # past this many, the oldest idle workerless models are forgotten at once
@@ -186,8 +187,6 @@ class BrokerCore:
         self._workerless: dict[str, None] = {}  # models whose last worker left, oldest first
         self._next_heartbeat = self.started_at
         self._next_sweep = self.started_at + SWEEP_EVERY_S
-        self._grouping: dict[bytes, list[tuple[bytes, bytes, bytes]]] = {}  # by client: answers to send grouped
-        self._collecting = False  # a REPLIES is being taken: answers for grouped clients wait in _grouping
 
     # ---------------------------------------------------------------- events
 
@@ -227,11 +226,10 @@ class BrokerCore:
         if isinstance(message, Reply):
             self._worker_reply(worker, message, frames[2])
         elif isinstance(message, GroupedReplies):
-            self._collecting = True
+            grouping: Grouping = {}
             for reply, meta in zip(message.replies, message.metas, strict=True):
-                self._worker_reply(worker, reply, meta)
-            self._collecting = False
-            self._send_grouped()
+                self._worker_reply(worker, reply, meta, grouping)
+            self._send_grouped(grouping)
         elif isinstance(message, Heartbeat):
             self._worker_heartbeat(worker, message)
         elif isinstance(message, Drain):
@@ -527,7 +525,8 @@ class BrokerCore:
             self.models[job.model].in_flight_items -= job.items
         return job
 
-    def _worker_reply(self, worker: WorkerState, reply: Reply, meta: bytes) -> None:
+    def _worker_reply(self, worker: WorkerState, reply: Reply, meta: bytes, grouping: Grouping | None = None) -> None:
+        """One answer of a worker; ``grouping`` collects those of a REPLIES for clients that take them grouped."""
         job = self._release(worker, reply.request_id)
         if job is None:
             return  # a reply for a job this worker no longer holds: already re-dispatched
@@ -540,10 +539,10 @@ class BrokerCore:
         elif reply.status in STRAYS:
             self._stray(worker, job, reply)
         else:
-            self._forward(worker, job, reply, meta)
+            self._forward(worker, job, reply, meta, grouping)
         self._dispatch_to(worker)
 
-    def _forward(self, worker: WorkerState, job: Job, reply: Reply, meta: bytes) -> None:
+    def _forward(self, worker: WorkerState, job: Job, reply: Reply, meta: bytes, grouping: Grouping | None) -> None:
         """The worker's answer to the client, its meta frame and payload untouched."""
         if reply.status is Status.OK:
             self.models[job.model].answered_at(job, self.clock())
@@ -553,17 +552,16 @@ class BrokerCore:
             self.logs.log(f"worker-{reply.status.value}", logging.INFO, "worker %s answered job %s: %s (%s)",
                           worker.ready.name, job.job_id.hex(), reply.status.value, reply.message,
                           request_id=job.trace)
-        if job.grouped and self._collecting:
-            self._grouping.setdefault(job.client, []).append((job.request_id, meta, reply.payload))
+        if job.grouped and grouping is not None:
+            grouping.setdefault(job.client, []).append((job.request_id, meta, reply.payload))
         else:
             self.outbox.append((Peer.CLIENT, job.client, wire.readdressed_reply(job.request_id, meta, reply.payload)))
         self._forget(job)
 
-    def _send_grouped(self) -> None:
+    def _send_grouped(self, grouping: Grouping) -> None:
         """The answers one REPLIES brought for clients that take them grouped: few messages each."""
-        for client, answers in self._grouping.items():
+        for client, answers in grouping.items():
             self.outbox += [(Peer.CLIENT, client, frames) for frames in wire.group_answers(answers)]
-        self._grouping.clear()
 
     def _stray(self, worker: WorkerState, job: Job, reply: Reply) -> None:
         """A status the worker may not send (``STRAYS``): the work was not done, through the worker's fault.
