@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -74,8 +75,7 @@ class EdgeTokenizers:
         if tokenizer is None:
             self._start_fetch(client, model, fingerprint)
             return None
-        # One call a text: encode_batch hands even one text to rayon's pool, whose threads then wake and spin.
-        ids = [np.asarray(tokenizer.encode(text).ids, dtype=np.int32) for text in inputs]
+        ids = [np.asarray(each.ids, dtype=np.int32) for each in payloads.encode_without_offsets(tokenizer)(inputs)]
         return ids, {**parameters, TOKENIZED_BY: fingerprint}
 
     def _start_fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
@@ -124,6 +124,8 @@ def _loaded(serialized: str) -> Any:
     """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one."""
     from tokenizers import Tokenizer
 
+    # The gateway's processes are its parallelism: rayon's pool, woken for a request's few texts, would spin.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         tokenizer = Tokenizer.from_str(serialized)
     except Exception as exc:  # the library raises plain Exception for a JSON it cannot read

@@ -210,7 +210,34 @@ def edge_ids(runner: TextRunner, texts: list[str]) -> tuple[list[np.ndarray], st
     (serialized,) = operation_of(runner, v.TOKENIZER)([fingerprint], {})
     assert payloads.tokenizer_fingerprint(serialized) == fingerprint
     tokenizer = Tokenizer.from_str(serialized)
-    return [np.asarray(each.ids, dtype=np.int32) for each in tokenizer.encode_batch(texts)], fingerprint
+    encoded = payloads.encode_without_offsets(tokenizer)(texts)  # as gateway/edge.py calls it
+    return [np.asarray(each.ids, dtype=np.int32) for each in encoded], fingerprint
+
+
+def test_encoding_without_offsets_gives_the_same_ids_and_types(embedder: EmbeddingRunner) -> None:
+    """What the worker and the gateway call: ids and token types as ``encode_batch`` makes them, for texts and
+    pairs, truncated or not; the plain call where a tokenizer lacks the fast one."""
+    from tokenizers import Tokenizer
+
+    fingerprint = embedder.details.tokenizer
+    (serialized,) = operation_of(embedder, v.TOKENIZER)([fingerprint], {})
+    tokenizer = Tokenizer.from_str(serialized)
+    assert payloads.encode_without_offsets(tokenizer) == tokenizer.encode_batch_fast
+    pairs = [(text, TEXTS[index - 1]) for index, text in enumerate(TEXTS)]
+    for truncated in (False, True):
+        if truncated:
+            tokenizer.enable_truncation(16)
+        for inputs in (TEXTS, pairs):
+            fast, plain = payloads.encode_without_offsets(tokenizer)(inputs), tokenizer.encode_batch(inputs)
+            assert [(each.ids, each.type_ids) for each in fast] == [(each.ids, each.type_ids) for each in plain]
+    assert any(len(each.ids) == 16 for each in fast)
+
+    class OlderTokenizer:  # a tokenizers release before encode_batch_fast
+        def encode_batch(self, inputs: list[str]) -> list[str]:
+            return inputs
+
+    older = OlderTokenizer()
+    assert payloads.encode_without_offsets(older)(["a"]) == ["a"]
 
 
 def test_edge_ids_run_to_the_texts_vectors_and_counts(embedder: EmbeddingRunner) -> None:

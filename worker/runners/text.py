@@ -65,7 +65,7 @@ from worker.runners.spec import (
     quoted_names,
 )
 from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
-from zbatch.protocol.payloads import tokenizer_fingerprint
+from zbatch.protocol.payloads import encode_without_offsets, tokenizer_fingerprint
 from zbatch.protocol.vocabulary import (
     ADD_SPECIAL_TOKENS,
     PROMPT_NAME,
@@ -352,7 +352,7 @@ class TextRunner:
         types = self._takes_token_types
         return [Encoding({"input_ids": np.asarray(each.ids, dtype=np.int64),
                           **({"token_type_ids": np.asarray(each.type_ids, dtype=np.int64)} if types else {})})
-                for each in backend.encode_batch(texts)]
+                for each in encode_without_offsets(backend)(texts)]
 
     def plan(self, encodings: Sequence[Encoding | InputError], parameters: dict[str, Any]) -> Planned:
         """The length groups of a batch of encodings, padded; numpy only, never torch."""
