@@ -93,7 +93,22 @@ def test_dimensions_are_the_first_numbers_renormalised(embedder: EmbeddingRunner
         assert np.abs(unnormalised - unnormalised_full[:8]).max() < 1e-5
 
 
+def test_float16_precision_halves_the_numbers_and_keeps_the_vectors(embedder: EmbeddingRunner) -> None:
+    full = run(embedder, TEXTS)
+    for extra in ({}, {"dimensions": 8}, {"normalize": False}):
+        single = run(embedder, TEXTS, extra | {"precision": "float32"})
+        half = run(embedder, TEXTS, extra | {"precision": "float16"})
+        for want, got in zip(single, half, strict=True):
+            assert want.dtype == np.float32 and got.dtype == np.float16 and got.shape == want.shape
+            assert got.nbytes * 2 == want.nbytes
+            wide = got.astype(np.float32)
+            assert float(wide @ want) / float(np.linalg.norm(wide) * np.linalg.norm(want)) >= 0.9999
+    assert run(embedder, TEXTS, {"precision": "float32"}).tokens == full.tokens
+
+
 @pytest.mark.parametrize(("parameters", "complaint"), [
+    ({"precision": "int8"}, "parameter 'precision' must be one of 'float32', 'float16', not 'int8'"),
+    ({"precision": 16}, "parameter 'precision' must be one of 'float32', 'float16', not 16"),
     ({"dimensions": 33}, "from 1 to 32"),
     ({"dimensions": 0}, "from 1 to 32"),
     ({"dimensions": True}, "from 1 to 32"),
@@ -102,7 +117,7 @@ def test_dimensions_are_the_first_numbers_renormalised(embedder: EmbeddingRunner
     ({"truncation_direction": "middle"}, "'right' or 'left'"),
     ({"prompt_name": "query"}, "'prompt_name' must name a prompt of this model, not 'query': it has none"),
     ({"top_k": 3}, "unknown parameter(s) 'top_k' for embeddings; use only 'dimensions', 'normalize', "
-                   "'prompt_name', 'truncate', 'truncation_direction'"),
+                   "'precision', 'prompt_name', 'truncate', 'truncation_direction'"),
 ])
 def test_bad_parameters_refuse_the_batch(embedder: EmbeddingRunner, parameters: dict[str, Any],
                                          complaint: str) -> None:

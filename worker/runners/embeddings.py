@@ -17,9 +17,10 @@ mean-pooled and normalized.  The start's log line names what was chosen.
 Parameters: ``normalize`` (default: as the model declares; true for a model
 that declares nothing), ``dimensions`` (keep the first N numbers,
 re-normalised when ``normalize``: what Matryoshka-trained models are made
-for), truncation (:mod:`worker.runners.text`) and ``prompt_name``
-(:mod:`worker.runners.prompts`).  The ``embed_all`` operation answers each
-token's vector instead (:mod:`worker.runners.operations`).
+for), ``precision`` (``float32``, or ``float16``: half the bytes), truncation
+(:mod:`worker.runners.text`) and ``prompt_name`` (:mod:`worker.runners.prompts`).
+The ``embed_all`` operation answers each token's vector instead
+(:mod:`worker.runners.operations`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from worker.runners.text import (
     load_tokenizer,
     model_max_length,
 )
-from zbatch.protocol.vocabulary import DIMENSIONS, EMBED_ALL, NORMALIZE, PROMPT_NAME
+from zbatch.protocol.vocabulary import DIMENSIONS, EMBED_ALL, NORMALIZE, PRECISION, PRECISIONS, PROMPT_NAME
+from zbatch.protocol.wire import shortened
 
 if TYPE_CHECKING:
     import torch
@@ -59,12 +61,13 @@ class EmbeddingOptions:
     normalize: bool
     dimensions: int | None
     prompt_length: int = 0  # each row's first tokens that the pooling leaves out (a prompt the model excludes)
+    half: bool = False  # answer float16 numbers (``precision``): half the bytes, cosine > 0.9999 to float32
 
 
 class EmbeddingRunner(TextRunner):
     """The model's pooling, Dense layers and normalization (:class:`~worker.runners.pooling.SentenceHead`)."""
 
-    parameters = frozenset({NORMALIZE, DIMENSIONS})
+    parameters = frozenset({NORMALIZE, DIMENSIONS, PRECISION})
     takes_prompts = True
     kind = InputKind.TEXT_OR_IDS  # token ids as well as texts (worker.runners.token_ids)
 
@@ -128,12 +131,17 @@ class EmbeddingRunner(TextRunner):
                                        or not 1 <= dimensions <= self.dimensions):
             raise InputError(f"parameter {DIMENSIONS!r} must be a whole number from 1 to {self.dimensions} (this "
                              f"model's size), not {dimensions!r}")
+        precision = parameters.get(PRECISION)
+        precision = PRECISIONS[0] if precision is None else precision  # nil: the default, as for the others
+        if precision not in PRECISIONS:
+            raise InputError(f"parameter {PRECISION!r} must be one of {', '.join(map(repr, PRECISIONS))}, "
+                             f"not {shortened(repr(precision))}")
         prompt_length = self._prompt_lengths.get(self.prompts.prefix(parameters), 0) if self._prompt_lengths else 0
         return EmbeddingOptions(flag(parameters, NORMALIZE, self.head.modules.normalized), dimensions,
-                                prompt_length)
+                                prompt_length, precision == "float16")
 
     def _forward(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:
-        """One 1-D float32 vector per row of the group."""
+        """One 1-D vector per row of the group, float32 unless ``precision`` asks for float16."""
         import torch
 
         with torch.inference_mode():
@@ -145,7 +153,7 @@ class EmbeddingRunner(TextRunner):
             return _finished(pooled, options)
 
     def _forward_packed(self, encoded: Any, options: EmbeddingOptions) -> list[np.ndarray]:
-        """One 1-D float32 vector per input of a packed group, pooled from its own tokens."""
+        """One 1-D vector per input of a packed group, pooled from its own tokens (as :meth:`_forward`'s)."""
         import torch
 
         assert self._packer is not None
@@ -158,13 +166,15 @@ class EmbeddingRunner(TextRunner):
 
 
 def _finished(embeddings: torch.Tensor, options: EmbeddingOptions) -> list[np.ndarray]:
-    """Pooled embeddings cut to ``dimensions`` and normalised as asked, one numpy vector per row."""
+    """Pooled embeddings cut to ``dimensions``, normalised and in the precision asked, one numpy vector per row."""
     import torch
 
     if options.dimensions is not None:
         embeddings = embeddings[:, :options.dimensions]
     if options.normalize:
         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+    if options.half:  # on the device: the copy to the host moves half the bytes too
+        embeddings = embeddings.to(torch.float16)
     return list(embeddings.cpu().numpy())
 
 

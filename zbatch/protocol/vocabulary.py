@@ -56,4 +56,6 @@ TOP_K: Final = "top_k"
 THRESHOLD: Final = "threshold"
 ADD_SPECIAL_TOKENS: Final = "add_special_tokens"
 SKIP_SPECIAL_TOKENS: Final = "skip_special_tokens"
+PRECISION: Final = "precision"  # the numbers of an embedding as sent: float32 (the default) or float16
+PRECISIONS: Final = ("float32", "float16")
 TOKENIZED_BY: Final = "tokenized_by"  # the fingerprint of the tokenizer that made a request's token ids
