@@ -57,6 +57,9 @@ class EdgeTokenizers:
     """The tokenizers this process fetched from the workers, by fingerprint, and the fetches under way."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        # The gateway's processes are its parallelism: the tokenizer's thread pool, woken for a request's few
+        # texts, would spin beside them.  Set here, on the loop's thread, before any tokenizer runs.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._clock = clock
         self._ready: dict[str, Any] = {}  # fingerprint → tokenizers.Tokenizer
         self._fetches: dict[str, asyncio.Task[None]] = {}
@@ -124,8 +127,6 @@ def _loaded(serialized: str) -> Any:
     """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one."""
     from tokenizers import Tokenizer
 
-    # The gateway's processes are its parallelism: rayon's pool, woken for a request's few texts, would spin.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         tokenizer = Tokenizer.from_str(serialized)
     except Exception as exc:  # the library raises plain Exception for a JSON it cannot read
