@@ -126,7 +126,8 @@ SCHEMAS: dict[str, Any] = {
                                                                                 "minLength": 1}}}}],
                        "description": "Texts; for an image model, images in base64; or sentence-similarity's "
                                       "source_sentence and sentences"},
-            "parameters": {"type": "object", "description": "Passed to the model, e.g. top_k"},
+            "parameters": {"type": "object", "description": "Passed to the model, e.g. top_k, or an embeddings "
+                                                            "model's precision: float16"},
             **TRUNCATION, "normalize": FLAG, "prompt_name": {"type": "string", "minLength": 1},
         },
     },
