@@ -257,6 +257,32 @@ def test_a_payload_that_cannot_be_encoded_leaves_nothing_behind_for_the_next() -
     assert decoded["tokens"] == [4] and decoded["outputs"][0].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_meta_packing_is_msgpacks_and_a_failure_leaves_nothing_behind() -> None:
+    """Meta frames come from a packer reused per thread: the bytes ``msgpack.packb`` would write, a failed pack
+    leaves nothing for the next one, and threads packing at once never share a buffer."""
+    import threading
+
+    value = {"model": "m", "items": 3, "bytes": b"\x00\xff", "nested": [1.5, None, True]}
+    assert wire.pack(value) == msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(TypeError):
+        wire.pack({"first": 1, "bad": object()})
+    assert wire.pack([7]) == b"\x91\x07"
+    mismatches: list[int] = []
+
+    def pack_many(worker: int) -> None:
+        for index in range(2_000):
+            mine = {"worker": worker, "index": index, "pad": bytes(worker * 50)}
+            if msgpack.unpackb(wire.pack(mine)) != mine:
+                mismatches.append(worker)
+
+    threads = [threading.Thread(target=pack_many, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert mismatches == [] and not any(thread.is_alive() for thread in threads)
+
+
 def test_payload_rejects_garbage_and_oversize() -> None:
     with pytest.raises(ProtocolError, match="not valid msgpack"):
         payloads.decode_payload(b"\xc1\xc1")
