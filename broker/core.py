@@ -279,8 +279,11 @@ class BrokerCore:
     def tick(self) -> None:
         """Fire whatever is due: deadlines, worker expiry, heartbeats, the sweep of overdue workers and idle models."""
         now = self.clock()
-        while self._timers and self._timers[0][0] <= now:
-            _, _, job = heapq.heappop(self._timers)
+        timers = self._timers
+        # A settled job's timer is dropped as soon as it is the earliest, not fired at its deadline: most jobs are
+        # answered long before it, and waking for each of them cost the broker one wake a request.
+        while timers and (timers[0][0] <= now or not timers[0][2].owed):
+            _, _, job = heapq.heappop(timers)
             self._on_timer(job, now)
         expiry = self._expiry_s()
         for worker in [w for w in self.workers.values() if now - w.last_seen > expiry]:

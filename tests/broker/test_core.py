@@ -311,6 +311,25 @@ def test_unregistered_worker_is_told_to_register(clock: FakeClock) -> None:
     assert isinstance(wire.decode_broker_to_worker(frames), wire.Disconnect)
 
 
+def test_an_answered_request_sets_no_wake_at_its_old_deadline(clock: FakeClock) -> None:
+    """Every request arms a timer at its deadline; once answered, the broker must not wake for it (at load, a wake a
+    request), while a request still owed keeps its own."""
+    core = make_core(clock, heartbeat_ms=10_000, timeout_ms=100)
+    ready(core, b"W1", capacity=1)
+    send(core, b"answered")
+    [(_, job)] = dispatched(take(core))
+    clock.advance(0.01)
+    send(core, b"waiting")
+    worker_reply(core, b"W1", job.request_id)
+    core.tick()
+    [(_, waiting)] = dispatched(take(core))
+    assert core.next_wakeup() == pytest.approx(clock.now + 0.1)  # the waiting request's deadline, not the first's
+    worker_reply(core, b"W1", waiting.request_id)
+    core.tick()
+    assert [r.request_id for r in client_replies(take(core))] == [b"waiting"]
+    assert core.next_wakeup() > clock.now + 1.0  # nothing owed: the next wake is liveness's, not a deadline
+
+
 def test_heartbeats_are_sent_every_interval(clock: FakeClock) -> None:
     core = make_core(clock, heartbeat_ms=100)
     ready(core, b"W1")
