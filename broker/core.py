@@ -7,6 +7,8 @@ message with the sender's identity (``client_message`` / ``worker_message``)
 and calls ``tick`` when ``next_wakeup`` comes; the core appends the messages
 to send to ``outbox`` as ``(Peer, identity, frames)`` and never blocks.  The
 clock is injected, so tests drive it with fake frames and a fake clock.
+``next_wakeup`` is the earliest work still owed: a job answered before its
+deadline leaves no wake behind (``tick`` drops its timer).
 
 A client request goes through these phases (:class:`broker.state.Phase`; a
 job holds one, and ``broker.state.TRANSITIONS`` lists its legal moves)::
