@@ -126,7 +126,9 @@ def test_a_corrupt_image_fails_alone_and_the_batch_runs_once(classifier: ImageRu
     assert all(f.status is Status.BAD_REQUEST and f.per_input for f in failed.values())
     assert "cannot be decoded as an image (UnidentifiedImageError); send a JPEG, PNG" in failed[1].message
     assert "cannot be decoded as an image" in failed[3].message
-    assert outcomes[0] == classifier.run(IMAGES[:1], {})[0]
+    alone = classifier.run(IMAGES[:1], {})[0]  # the same labels; scores to float rounding, which on some CPUs
+    assert [each["label"] for each in outcomes[0]] == [each["label"] for each in alone]  # differs with batch size
+    assert [each["score"] for each in outcomes[0]] == pytest.approx([each["score"] for each in alone], abs=1e-6)
 
 
 def test_the_protocol_states_the_limit_and_the_formats() -> None:
