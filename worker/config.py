@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from worker.cores import default_path as default_ledger_path
-from worker.model_settings import GRAPH_SETTINGS, ServedModel, served_models
+from worker.model_settings import GRAPH_SETTINGS, UNPADDED_SETTINGS, ServedModel, served_models
 from worker.requests import InputLimits
 from worker.runners.device import DTYPES
 from worker.runners.spec import QUANTIZE, RUNTIMES
@@ -66,6 +66,10 @@ class WorkerConfig:
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
                               "graph captured before READY, one launch a batch instead of one a kernel (auto), or "
                               "eagerly (off)", choices=GRAPH_SETTINGS)
+    unpadded_attention: str = option("off", "on an accelerator, run a BERT embedding model's batch packed, with no "
+                                     "padding and one variable-length attention call, where warm-up's timings say "
+                                     "that beats its padded (graphed) pass (auto), or always padded (off; on the "
+                                     "CPU batches pack either way)", choices=UNPADDED_SETTINGS)
     max_batch_delay_ms: float = option(
         5.0, "longest wait for more items once a batch could start; 0 never waits", minimum=0)
     default_prompt_name: str = option(
@@ -73,8 +77,8 @@ class WorkerConfig:
         "none (embeddings and sparse-embeddings models); empty: the model's own default_prompt_name, if any")
     extra_models: str = option(
         "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,runtime=..,quantize=..,"
-        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..,default_prompt_name=..]' separated by ';' "
-        "(unset keys: the main model's, but default_prompt_name)")
+        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..,unpadded_attention=..,default_prompt_name=..]' "
+        "separated by ';' (unset keys: the main model's, but default_prompt_name)")
     capacity: int = option(0, "items accepted in flight (0: two of the main model's batches)", minimum=0)
     max_inputs: int = option(256, "most inputs in one request, from any caller (bad_request beyond)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input, from any caller (bad_request beyond)",

@@ -20,8 +20,9 @@ from zbatch.hub import public_name
 from zbatch.runtime.settings import parse_entries
 
 GRAPH_SETTINGS = ("auto", "off")  # --cuda-graphs: the runner captures graphs (ModelSpec.cuda_graphs) or not
+UNPADDED_SETTINGS = ("off", "auto")  # --unpadded-attention: ModelSpec.unpadded_attention
 SPEC_KEYS = {"name", "model", "revision", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size",
-             "max_batch_delay_ms", "cuda_graphs", "default_prompt_name"}
+             "max_batch_delay_ms", "cuda_graphs", "unpadded_attention", "default_prompt_name"}
 
 
 class ModelFlags(Protocol):
@@ -57,6 +58,8 @@ class ModelFlags(Protocol):
     @property
     def cuda_graphs(self) -> str: ...
     @property
+    def unpadded_attention(self) -> str: ...
+    @property
     def default_prompt_name(self) -> str: ...
     @property
     def extra_models(self) -> str: ...
@@ -91,7 +94,8 @@ def main_model(config: ModelFlags) -> ServedModel:
     setting = config.model or (os.path.abspath(config.model_path) if config.model_path else "")
     spec = ModelSpec(config.model_name or public_name(setting), setting or default_model_path(), task=config.task,
                      device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
-                     cuda_graphs=config.cuda_graphs != "off", runtime=config.runtime, quantize=config.quantize,
+                     cuda_graphs=config.cuda_graphs != "off", unpadded_attention=config.unpadded_attention == "auto",
+                     runtime=config.runtime, quantize=config.quantize,
                      onnx_cache=config.onnx_cache, default_prompt_name=config.default_prompt_name,
                      revision=config.revision, trust_remote_code=config.trust_remote_code)
     check_settings(spec)
@@ -122,16 +126,25 @@ def extra_model(setting: str, given: dict[str, str], main: ServedModel) -> Serve
     if batch_size < 0 or (delay_ms is not None and delay_ms < 0):
         raise ValueError(f"model {name!r}: max_batch_size must be >= 0 (0: the device's default) and "
                          "max_batch_delay_ms >= 0")
-    graphs = given.get("cuda_graphs")
-    if graphs is not None and graphs not in GRAPH_SETTINGS:
-        raise ValueError(f"model {name!r}: cuda_graphs must be one of {', '.join(GRAPH_SETTINGS)}")
     inherited = main.spec
     spec = dataclasses.replace(
         inherited, name=name, path=setting, revision=given.get("revision", ""),
         default_prompt_name=given.get("default_prompt_name", ""), max_batch_size=batch_size,
-        cuda_graphs=inherited.cuda_graphs if graphs is None else graphs != "off",
+        cuda_graphs=_switch(name, given, "cuda_graphs", GRAPH_SETTINGS, inherited.cuda_graphs),
+        unpadded_attention=_switch(name, given, "unpadded_attention", UNPADDED_SETTINGS,
+                                   inherited.unpadded_attention),
         task=given.get("task", inherited.task), device=given.get("device", inherited.device),
         dtype=given.get("dtype", inherited.dtype), runtime=given.get("runtime", inherited.runtime),
         quantize=given.get("quantize", inherited.quantize))
     check_settings(spec)
     return ServedModel(spec, main.max_batch_delay_s if delay_ms is None else delay_ms / 1000)
+
+
+def _switch(name: str, given: dict[str, str], key: str, choices: tuple[str, str], inherited: bool) -> bool:
+    """An extra model's on-or-off key (on unless "off"), or the main model's value where it is unset."""
+    value = given.get(key)
+    if value is None:
+        return inherited
+    if value not in choices:
+        raise ValueError(f"model {name!r}: {key} must be one of {', '.join(choices)}")
+    return value != "off"

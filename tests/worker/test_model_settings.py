@@ -28,6 +28,15 @@ def test_extra_models_inherit_unset_settings_from_the_main_one() -> None:
     assert (main.spec.cuda_graphs, main.max_batch_delay_s) == (False, 0.002)
 
 
+def test_unpadded_attention_is_off_unless_asked_and_an_extra_model_may_set_its_own() -> None:
+    (main,) = load_config([], {}).models
+    assert main.spec.unpadded_attention is False
+    main, inherits, own = load_config(["--extra-models", "name=a,path=/m/a;name=b,path=/m/b,unpadded_attention=off"],
+                                      {"ZBATCH_UNPADDED_ATTENTION": "auto"}).models
+    assert (main.spec.unpadded_attention, inherits.spec.unpadded_attention, own.spec.unpadded_attention) == (
+        True, True, False)
+
+
 def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() -> None:
     config = load_config(["--extra-models", "name=a,path=/m/a;name=b,path=/m/b,default_prompt_name=passage"],
                          {"ZBATCH_DEFAULT_PROMPT_NAME": "query"})
@@ -43,6 +52,7 @@ def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() 
         ("name=x,path=/p,max_batch_size=-1", "max_batch_size must be >= 0"),
         ("name=x,path=/p,max_batch_delay_ms=soon", "must be numbers"),
         ("name=x,path=/p,cuda_graphs=on", "cuda_graphs must be one of auto, off"),
+        ("name=x,path=/p,unpadded_attention=yes", "unpadded_attention must be one of off, auto"),
     ],
 )
 def test_bad_extra_models_are_refused_with_a_reason(extra: str, complaint: str) -> None:

@@ -1,4 +1,5 @@
-"""Packed BERT passes: every real token's hidden state equals the padded pass's, and only BERT on a CPU packs."""
+"""Packed BERT passes: every real token's hidden state equals the padded pass's; BERT on a CPU packs, and on an
+accelerator a batch packs (one attention call over a jagged tensor) only where warm-up's timings say it wins."""
 
 from __future__ import annotations
 
@@ -11,22 +12,26 @@ import torch
 
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
 from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, embeddings, load_runner
-from worker.runners.packing import PackedBert, packer_for
+from worker.runners.grouping import CostModel
+from worker.runners.packing import PackedBert, packer_for, packing_pays, restarting_positions
+from worker.runners.shapes import Buckets
 from worker.runners.spec import InputError
 from worker.runners.text import packed_groups
 
 LENGTHS = [3, 17, 1, 9, 30]  # mixed, so a padded pass pads all but one
 
 
-def padded_and_packed(model: Any, token_types: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The real tokens' last hidden states from one padded pass and from one packed pass, row by row."""
+def padded_and_packed(model: Any, token_types: bool, packer: PackedBert | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real tokens' last hidden states from one padded pass and from one packed pass (``packer``'s, else the
+    CPU's), row by row."""
     generator = torch.Generator().manual_seed(7)
     longest = max(LENGTHS)
     ids = torch.randint(5, model.config.vocab_size, (len(LENGTHS), longest), generator=generator)
     types = (torch.randint(0, 2, ids.shape, generator=generator) if token_types
              else torch.zeros_like(ids))
     mask = torch.tensor([[1] * length + [0] * (longest - length) for length in LENGTHS])
-    packer = packer_for(model, "cpu")
+    packer = packer or packer_for(model, "cpu")
     assert isinstance(packer, PackedBert)
     with torch.inference_mode():
         padded = model(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
@@ -56,6 +61,27 @@ def test_the_default_model_packs_to_the_same_hidden_states() -> None:
     assert torch.allclose(packed, padded, atol=1e-4)
 
 
+@pytest.mark.parametrize("token_types", [False, True])
+def test_one_attention_call_over_the_row_gives_the_padded_pass_hidden_states(tiny_bert: Any,
+                                                                             token_types: bool) -> None:
+    """The accelerator's packed pass: one call over a jagged tensor (on the CPU torch runs it its own way)."""
+    padded, at_once = padded_and_packed(tiny_bert, token_types, PackedBert(tiny_bert, one_call=True))
+    assert torch.allclose(at_once, padded, atol=1e-5)
+
+
+def test_the_default_model_attends_at_once_to_the_same_vectors() -> None:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(default_model_path()).eval()
+    padded, at_once = padded_and_packed(model, False, PackedBert(model, one_call=True))
+    assert torch.nn.functional.cosine_similarity(at_once, padded, dim=1).min().item() >= 0.9999
+
+
+def test_positions_restart_at_each_input() -> None:
+    assert restarting_positions([3, 1, 2]).tolist() == [0, 1, 2, 0, 0, 1]
+    assert restarting_positions([]).tolist() == []
+
+
 def test_inputs_do_not_see_each_other() -> None:
     """Attention stays inside each input: changing one input leaves the others' states exactly as they were."""
     from transformers import AutoModel
@@ -74,8 +100,11 @@ def test_inputs_do_not_see_each_other() -> None:
 def test_only_a_bert_encoder_in_eval_mode_on_a_cpu_packs(tiny_bert: Any, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    assert packer_for(tiny_bert, "cpu") is not None
-    assert packer_for(tiny_bert, "cuda") is None, "on a GPU padding is nearly free"
+    on_cpu = packer_for(tiny_bert, "cpu")
+    assert on_cpu is not None and not on_cpu.one_call, "on a CPU a call per input runs faster"
+    assert packer_for(tiny_bert, "cuda") is None, "on a GPU unpadded attention is asked for (off by default)"
+    on_gpu = packer_for(tiny_bert, "cuda", unpadded_attention=True)
+    assert on_gpu is not None and on_gpu.one_call
     assert packer_for(AutoModelForCausalLM.from_pretrained(make_tiny_gpt2(tmp_path)), "cpu") is None
     classifier = AutoModelForSequenceClassification.from_pretrained(make_tiny_bert(tmp_path, "text-classification"))
     assert packer_for(classifier.eval(), "cpu") is None, "a head on top is not what the packed pass returns"
@@ -170,3 +199,74 @@ def test_switching_modes_times_the_pass_that_will_run(runner: embeddings.Embeddi
 def test_packed_groups_keep_the_order_and_stay_under_the_cap(tokens: list[int], cap: int | None,
                                                            expected: list[list[int]]) -> None:
     assert packed_groups(list(range(len(tokens))), tokens, cap) == expected
+
+
+BUCKETS = Buckets(max_length=64, max_rows=4)
+PACKED = CostModel(overhead_tokens=100.0, seconds_per_token=1e-5)  # a packed pass: 1 ms + 10 us a token
+
+
+@pytest.mark.parametrize(("lengths", "padded_seconds", "packs"), [
+    ([10, 60], {(2, 64): 0.0025}, True),  # 1.7 ms packed against 2.5 ms in the (2, 64) bucket
+    ([10, 60], {(2, 64): 0.0015}, False),
+    ([10, 60, 5], {(4, 64): 0.0025}, True),  # three rows run in the 4-row bucket
+    ([10, 60], {(4, 64): 0.0025}, False),  # its bucket was not timed: padded, as without packing
+    ([10, 60], {}, False),
+    ([], {(1, 16): 1.0}, False),
+])
+def test_a_batch_packs_on_an_accelerator_only_where_the_timings_say_it_wins(
+        lengths: list[int], padded_seconds: dict[tuple[int, int], float], packs: bool) -> None:
+    assert packing_pays(lengths, BUCKETS, padded_seconds, PACKED) is packs
+
+
+def test_an_uncalibrated_packed_pass_never_wins() -> None:
+    assert not packing_pays([10, 60], BUCKETS, {(2, 64): 1.0}, CostModel(0.0))
+
+
+@pytest.fixture(scope="module")
+def accelerator_stand_in() -> embeddings.EmbeddingRunner:
+    """The default model on the CPU set up as on an accelerator with ``--unpadded-attention auto``: buckets and
+    the one-call packer.  A stand-in for a GPU, which this host lacks; torch runs the same code on both."""
+    loaded = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
+    assert isinstance(loaded, embeddings.EmbeddingRunner)
+    loaded.buckets = Buckets(max_length=128, max_rows=4)
+    loaded._packer = PackedBert(loaded._model, one_call=True)
+    return loaded
+
+
+def test_warm_up_times_every_bucket_as_serving_runs_it(accelerator_stand_in: embeddings.EmbeddingRunner) -> None:
+    runner = accelerator_stand_in
+    assert runner.buckets is not None
+    runner.time_padded_buckets()
+    assert set(runner._padded_seconds) == set(runner.buckets.shapes())
+    assert all(seconds > 0 for seconds in runner._padded_seconds.values())
+
+
+@pytest.mark.parametrize("packed_wins", [True, False])
+def test_each_batch_runs_the_way_its_timings_choose_and_gives_the_same_vectors(
+        accelerator_stand_in: embeddings.EmbeddingRunner, packed_wins: bool) -> None:
+    runner = accelerator_stand_in
+    assert runner.buckets is not None
+    encodings = runner.encode(TEXTS, {})
+    lengths = [each.length for each in encodings if not isinstance(each, InputError)]
+    bucket = (runner.buckets.rows(len(lengths)), runner.buckets.length(max(lengths)))
+    packed_seconds = runner.cost_model.packed_seconds(lengths)
+    assert packed_seconds > 0, "warm-up calibrated the packed pass"
+    runner._padded_seconds = {bucket: packed_seconds * (2.0 if packed_wins else 0.5)}
+    planned = runner.plan(encodings, {})
+    assert planned.packed is packed_wins
+    if not packed_wins:
+        assert planned.groups[0][1]["input_ids"].shape == bucket, "padded to its bucket"
+    for want, got in zip(padded(runner, TEXTS, {}), runner.run_planned(planned), strict=True):
+        assert float(np.dot(want, got) / np.linalg.norm(want) / np.linalg.norm(got)) >= 0.9999
+
+
+def test_a_packer_that_fails_on_the_device_leaves_the_batches_padded(
+        accelerator_stand_in: embeddings.EmbeddingRunner, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A fake: a packer that raises, as one attention call over a jagged tensor might on some accelerator."""
+    def fails(*_: Any) -> Any:
+        raise RuntimeError("no kernel for a jagged tensor here")
+
+    monkeypatch.setattr(accelerator_stand_in, "_packer", fails)
+    assert not accelerator_stand_in._packs_here()
+    assert "every batch runs padded" in caplog.text

@@ -83,7 +83,7 @@ class EmbeddingRunner(TextRunner):
         self._prompt_lengths = ({prefix: prompt_tokens(tokenizer, prefix, self.max_length)
                                  for prefix in self.prompts.by_name.values() if prefix}
                                 if self.head.excludes_prompt else {})
-        self._packer = packer_for(model, device)
+        self._packer = packer_for(model, device, spec.unpadded_attention)
         use_graphs = device.startswith("cuda") and spec.cuda_graphs and graphable(model)
         self._graphs = GraphedPooling(model, device, self.head) if use_graphs else None
         self.dimensions = self.head.dimensions
@@ -93,12 +93,30 @@ class EmbeddingRunner(TextRunner):
     def warm_up(self) -> None:
         """Capture the CUDA graphs (:mod:`worker.runners.graphs`), whose captures run every shape first; warm the
         shapes up eagerly only where there are no graphs, or their capture failed."""
+        if self.buckets is not None and self._packer is not None and not self._packs_here():
+            self._packer = None
         super().warm_up()
         if self._graphs is not None and self.buckets is not None:
             with phase("cuda graphs"):
                 self._graphs.capture(self.buckets.shapes())
             if not self._graphs.shapes:
                 self._warm_shapes(super()._eager_shapes())
+        self.time_padded_buckets()
+
+    def _packs_here(self) -> bool:
+        """Whether a packed pass with one attention call runs on this accelerator; if not, batches run padded,
+        as they would with ``--unpadded-attention off``."""
+        import torch
+
+        try:
+            with torch.inference_mode():
+                assert self._packer is not None
+                self._packer(torch.ones(3, dtype=torch.long, device=self.device), None, [1, 2]).sum().item()
+        except Exception:
+            log.warning("model %s: a packed pass with one attention call fails on %s, so every batch runs padded",
+                        self.spec.name, self.device, exc_info=True)
+            return False
+        return True
 
     def _eager_shapes(self) -> list[tuple[int, int]]:
         """None where CUDA graphs will run every bucket's shape (their capture runs each first): batches run the

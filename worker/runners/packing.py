@@ -24,12 +24,28 @@ A packed pass costs a fixed part and a part per token
 share, one call per input and quadratic in its length, is left out of that
 model: at these lengths it is a small part of the pass, and the model only
 tells the thread governor what a batch should take.
+
+On an accelerator (``--unpadded-attention auto``), attention runs as one
+call over the whole row instead of one per input: the row is a jagged
+tensor (``torch.nested``, its inputs' offsets), which CUDA's scaled
+dot-product attention runs as one variable-length kernel, as TEI's flash
+attention does.  There a padded batch is usually the cheaper one: it runs
+as a captured CUDA graph (:mod:`worker.runners.graphs`), and padding costs
+little while the pass's fixed cost dominates.  So the packed pass is kept
+only for the batches it wins (:func:`packing_pays`): warm-up times each
+padded bucket as serving runs it and fits the packed pass's cost, and each
+batch runs the way that costs it less.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from worker.runners.grouping import CostModel
+from worker.runners.shapes import Buckets
 
 if TYPE_CHECKING:
     import torch
@@ -46,14 +62,19 @@ class Packer(Protocol):
 
 
 class PackedBert:
-    """Runs a ``transformers`` BertModel's encoder over packed inputs, borrowing its own layers and weights."""
+    """Runs a ``transformers`` BertModel's encoder over packed inputs, borrowing its own layers and weights.
+
+    ``one_call``: attention over the whole row at once, as a jagged tensor (the accelerator's way); else one
+    call per input's slice (the CPU's: there the jagged call falls back to a slower loop of its own).
+    """
 
     max_tokens: int | None = None  # attention runs per input: a group's cost grows with its tokens alone
     min_inputs = 1
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, one_call: bool = False) -> None:
         self._model = model
         self._heads = int(model.config.num_attention_heads)
+        self.one_call = one_call
 
     def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                  lengths: Sequence[int]) -> torch.Tensor:
@@ -61,7 +82,7 @@ class PackedBert:
         import torch
 
         embeddings = self._model.embeddings
-        positions = torch.cat([torch.arange(length, device=input_ids.device) for length in lengths])
+        positions = torch.from_numpy(restarting_positions(lengths)).to(input_ids.device, non_blocking=True)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden = (embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
@@ -83,6 +104,8 @@ class PackedBert:
         per_head = int(attention.attention_head_size)
         query, key, value = (projection(hidden).view(tokens, self._heads, per_head).transpose(0, 1)
                              for projection in (attention.query, attention.key, attention.value))
+        if self.one_call:
+            return _attended_at_once(query, key, value, lengths).reshape(tokens, self._heads * per_head)
         contexts = []
         start = 0
         for length in lengths:
@@ -92,20 +115,59 @@ class PackedBert:
         return torch.cat(contexts, dim=1).transpose(0, 1).reshape(tokens, self._heads * per_head)
 
 
-def packer_for(model: Any, device: str) -> PackedBert | None:
+def restarting_positions(lengths: Sequence[int]) -> np.ndarray:
+    """Each token's position in its own input, for inputs of ``lengths`` concatenated: 0, 1, .. 0, 1, .."""
+    counts = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+
+
+def _attended_at_once(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      lengths: Sequence[int]) -> torch.Tensor:
+    """Attention of each input over its own tokens, all inputs in one call: ``(heads, tokens, per_head)`` in,
+    ``(tokens, heads, per_head)`` out.  The offsets and the longest length come from the host, so nothing
+    waits for the device."""
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    offsets = torch.from_numpy(bounds).to(query.device, non_blocking=True)
+    longest, shortest = max(lengths), min(lengths)
+
+    def jagged(projected: torch.Tensor) -> torch.Tensor:  # (heads, tokens, d) -> (inputs, heads, j, d)
+        return torch.nested.nested_tensor_from_jagged(projected.transpose(0, 1), offsets, min_seqlen=shortest,
+                                                      max_seqlen=longest).transpose(1, 2)
+
+    attended = scaled_dot_product_attention(jagged(query), jagged(key), jagged(value))
+    return attended.transpose(1, 2).values()  # a jagged tensor's rows, packed
+
+
+def packer_for(model: Any, device: str, unpadded_attention: bool = False) -> PackedBert | None:
     """A packed runner for ``model`` on ``device``, or None where padded passes are the right way.
 
     Only a plain BERT encoder (``BertModel``: absolute positions, not a decoder) in eval mode (the packed
-    pass has no dropout) on the CPU.  On a GPU padding is nearly free and one attention call per input
-    would cost more than it saves.
+    pass has no dropout).  On the CPU it always packs; on an accelerator only with ``unpadded_attention``,
+    with one attention call per pass, and then only for the batches it wins (:func:`packing_pays`).
     """
-    if device != "cpu" or type(model).__name__ != "BertModel":  # before importing BertModel's module: a model
-        return None  # that is not one (ONNX Runtime's) does not pay for the import
-    from transformers import BertModel
+    if type(model).__name__ != "BertModel" or (device != "cpu" and not unpadded_attention):
+        return None  # before importing BertModel's module: a model that is not one (ONNX Runtime's) does not
+    from transformers import BertModel  # pay for the import
 
     config = model.config
     if type(model) is not BertModel or config.is_decoder or model.training:
         return None
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         return None
-    return PackedBert(model)
+    return PackedBert(model, one_call=device != "cpu")
+
+
+def packing_pays(lengths: Sequence[int], buckets: Buckets, padded_seconds: Mapping[tuple[int, int], float],
+                 packed: CostModel) -> bool:
+    """Whether one packed pass over inputs of ``lengths`` is modelled to take less than the padded bucket they
+    would run in, as warm-up timed it.  A bucket not timed, or a packed pass not calibrated: padded."""
+    if not lengths:
+        return False
+    padded = padded_seconds.get((buckets.rows(len(lengths)), buckets.length(max(lengths))))
+    modelled = packed.packed_seconds(lengths)
+    return padded is not None and 0 < modelled < padded

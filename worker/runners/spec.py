@@ -55,6 +55,7 @@ class ModelSpec:
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
     cuda_graphs: bool = True  # on CUDA: each bucket shape of a graphable model runs as a CUDA graph (runners.graphs)
+    unpadded_attention: bool = False  # on an accelerator: a BERT batch runs packed where that wins (runners.packing)
     runtime: str = "torch"
     quantize: str = "none"
     onnx_cache: str = ""

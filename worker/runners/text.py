@@ -51,7 +51,7 @@ import numpy as np
 from worker.runners import calibrations
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
 from worker.runners.operations import decode_ids
-from worker.runners.packing import Packer
+from worker.runners.packing import Packer, packing_pays
 from worker.runners.phases import phase
 from worker.runners.prompts import Prompts, prompted
 from worker.runners.shapes import Buckets
@@ -78,6 +78,7 @@ from zbatch.protocol.vocabulary import (
 from zbatch.protocol.wire import shortened
 
 log = logging.getLogger("zbatch.worker")
+PADDED_TIMING_RUNS = 2  # timed runs of each padded bucket (the fastest kept), where packed passes compete
 TRUNCATION_PARAMETERS = frozenset({TRUNCATE, TRUNCATION_DIRECTION})
 TOKENIZE_PARAMETERS = frozenset({ADD_SPECIAL_TOKENS})
 DIRECTIONS = ("right", "left")
@@ -223,6 +224,7 @@ class TextRunner:
         self.details = replace(self.details, tokenizer=fingerprint)
         self._length_grouping = True
         self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
+        self._padded_seconds: dict[tuple[int, int], float] = {}  # each bucket's padded pass, where packing competes
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
         self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1)
 
@@ -360,8 +362,9 @@ class TextRunner:
         outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
         tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
         runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
-        if self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs):
-            lengths = [tokens[i] for i in runnable]
+        lengths = [tokens[i] for i in runnable]
+        if (self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs)
+                and self._packs(lengths)):
             modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
             groups = packed_groups(runnable, tokens, self._packer.max_tokens)
             packed = [(group, _concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
@@ -373,6 +376,29 @@ class TextRunner:
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
         return Planned(padded, outputs, tokens, options, modelled)
 
+    def _packs(self, lengths: list[int]) -> bool:
+        """Whether a batch of inputs of ``lengths`` runs packed: on a CPU always (packing only drops padding
+        there); on an accelerator where the packed pass beats its padded bucket (:func:`packing_pays`)."""
+        return self.buckets is None or packing_pays(lengths, self.buckets, self._padded_seconds, self.cost_model)
+
+    def time_padded_buckets(self) -> None:
+        """On an accelerator where batches may run packed: time each bucket's padded pass as serving runs it
+        (after its warm-up or graph capture), the side :meth:`_packs` weighs a packed pass against."""
+        if self.buckets is None or self._packer is None:
+            return
+        seconds: dict[tuple[int, int], float] = {}
+        with phase("padded timings"):
+            for rows, length in self.buckets.shapes():
+                for _ in range(PADDED_TIMING_RUNS):
+                    started = time.perf_counter()
+                    self._warm(rows, length)
+                    elapsed = time.perf_counter() - started
+                    seconds[rows, length] = min(elapsed, seconds.get((rows, length), elapsed))
+        self._padded_seconds = seconds
+        log.info("model %s: %d padded buckets timed against one packed pass of %.2f ms + %.2f us a token; each "
+                 "batch runs the cheaper way", self.spec.name, len(seconds),
+                 1e3 * self.cost_model.packed_seconds([]), 1e6 * self.cost_model.seconds_per_token)
+
     def run_planned(self, planned: Planned) -> Outputs:
         """Run a planned batch's groups through the model: the only step that calls torch."""
         import torch
@@ -380,7 +406,9 @@ class TextRunner:
         self.modelled_seconds = planned.modelled_seconds
         outputs = list(planned.outputs)
         for group, arrays in planned.groups:
-            encoded = {key: _to_device(torch.from_numpy(array), self.device) for key, array in arrays.items()}
+            encoded = {key: torch.from_numpy(array) if key == "lengths" else _to_device(torch.from_numpy(array),
+                                                                                           self.device)
+                       for key, array in arrays.items()}  # lengths stay on the host: read there, no device wait
             forward = self._forward_packed if planned.packed else self._forward
             for index, output in zip(group, forward(encoded, planned.options)[:len(group)], strict=True):
                 outputs[index] = output  # a bucket's filler rows come last: their outputs are dropped

@@ -9,7 +9,9 @@
    registered, and the share answered 200 after the last registration;
 3. **rates**: the bundled model over HTTP and ZeroMQ at 1 and 512 clients and 64 clients of 32 texts, then the
    anchors' shapes (:data:`~scripts.benchmarks.systems.shapes.SHAPES`) at 512 × 1 and 64 × 32 over HTTP;
-4. **fronts**: the bundled model with each (brokers, gateway processes) of :data:`LAYOUTS` at 512 clients.
+4. **fronts**: the bundled model with each (brokers, gateway processes) of :data:`LAYOUTS` at 512 clients;
+5. **unpadded**: the base-size shape at 64 clients of 32 texts over HTTP, with ``--unpadded-attention`` off
+   (batches padded to their graphed buckets) and auto (each batch packed where warm-up's timings say it wins).
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself, and the results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
@@ -50,7 +52,7 @@ GPU_CHAOS = ChaosPlan(256, 75.0, 5.0, 12.0, ("worker-0", "worker-1", "broker-0",
 QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
-STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0}
+STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0}
 SHAPED = "shaped"
 
 
@@ -148,6 +150,20 @@ async def fronts_step(session: Session, path: str, name: str) -> None:
                 session.save()
 
 
+async def unpadded_step(session: Session, folder: Path, shape: Shape) -> None:
+    """Padded (graphed) batches against packed ones where they win, on a model where the GPU is the bound."""
+    tokens = await asyncio.to_thread(mean_tokens, str(folder), sentences())
+    clients, texts = (4, 8) if session.quick else (64, 32)
+    for setting in ("off", "auto"):
+        env = shaped_env(session.quick) | {"ZBATCH_UNPADDED_ATTENTION": setting}
+        with Daemons() as daemons:
+            served = await serve(daemons, str(folder), SHAPED, f"unpadded-{setting}", env=env)
+            result = await session.load("http", served.target("http"), SHAPED, clients, texts)
+            session.rows.append(row("rates", f"{shape.name}, HTTP, {texts} a request, unpadded attention {setting}",
+                                    clients, with_tokens(result, tokens), startup_s=served.startup_s))
+            session.save()
+
+
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
     """One step within its time limit; a failure is noted and the next step runs."""
     procs.log(f"gpu session: {name}")
@@ -213,6 +229,7 @@ async def main(out: Path, quick: bool, steps: list[str]) -> None:
         "start": lambda: start_step(session, folders[E5_SMALL]),
         "rates": lambda: rates_step(session, path, name, folders),
         "fronts": lambda: fronts_step(session, path, name),
+        "unpadded": lambda: unpadded_step(session, folders[shapes[-1]], shapes[-1]),
     }
     for each in steps:
         await step(session, each, work[each])
