@@ -61,6 +61,7 @@ class ModelInfo:
     dtype: str | None = None
     labels: tuple[str, ...] | None = None
     tokenizer: str | None = None  # the fingerprint of the tokenizer the gateway may tokenize with (gateway.edge)
+    max_batch_tokens: int | None = None  # most tokens one forward pass runs, where the worker bounds it
 
     @classmethod
     def from_stats(cls, name: str, figures: Mapping[str, Any]) -> ModelInfo:
@@ -69,7 +70,8 @@ class ModelInfo:
         labels = info.get("labels")
         return cls(name, int(figures.get("workers", 0)), info.get("task"), info.get("max_batch_size"),
                    info.get("max_length"), info.get("dimensions"), info.get("dtype"),
-                   tuple(labels) if isinstance(labels, list) else None, info.get("tokenizer"))
+                   tuple(labels) if isinstance(labels, list) else None, info.get("tokenizer"),
+                   info.get("max_batch_tokens"))
 
 
 def models_of(stats: Mapping[str, Any]) -> dict[str, ModelInfo]:

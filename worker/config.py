@@ -63,6 +63,10 @@ class WorkerConfig:
                              "shared by the workers that start together; delete it, or any of it, at any time "
                              "(default: $XDG_CACHE_HOME/zbatch/onnx, or ~/.cache/zbatch/onnx)")
     max_batch_size: int = option(0, "most items in one batch (0: 32 on the CPU, 128 on CUDA)", minimum=0)
+    max_batch_tokens: int = option(0, "most tokens one forward pass of a text model runs, padding included: a "
+                                   "batch over it runs as several passes, and one input longer runs alone, so "
+                                   "long inputs cannot take more memory than this allows (TEI's setting of the "
+                                   "name; 0: no budget)", minimum=0)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
                               "graph captured before READY, one launch a batch instead of one a kernel (auto), or "
                               "eagerly (off)", choices=GRAPH_SETTINGS)
@@ -77,7 +81,8 @@ class WorkerConfig:
         "none (embeddings and sparse-embeddings models); empty: the model's own default_prompt_name, if any")
     extra_models: str = option(
         "", "more models on this worker: 'name=N,path=P[,task=..,device=..,dtype=..,runtime=..,quantize=..,"
-        "max_batch_size=..,max_batch_delay_ms=..,cuda_graphs=..,unpadded_attention=..,default_prompt_name=..]' "
+        "max_batch_size=..,max_batch_tokens=..,max_batch_delay_ms=..,cuda_graphs=..,unpadded_attention=..,"
+        "default_prompt_name=..]' "
         "separated by ';' (unset keys: the main model's, but default_prompt_name)")
     capacity: int = option(0, "items accepted in flight (0: two of the main model's batches)", minimum=0)
     max_inputs: int = option(256, "most inputs in one request, from any caller (bad_request beyond)", minimum=1)

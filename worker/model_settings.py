@@ -22,7 +22,7 @@ from zbatch.runtime.settings import parse_entries
 GRAPH_SETTINGS = ("auto", "off")  # --cuda-graphs: the runner captures graphs (ModelSpec.cuda_graphs) or not
 UNPADDED_SETTINGS = ("off", "auto")  # --unpadded-attention: ModelSpec.unpadded_attention
 SPEC_KEYS = {"name", "model", "revision", "path", "task", "device", "dtype", "runtime", "quantize", "max_batch_size",
-             "max_batch_delay_ms", "cuda_graphs", "unpadded_attention", "default_prompt_name"}
+             "max_batch_tokens", "max_batch_delay_ms", "cuda_graphs", "unpadded_attention", "default_prompt_name"}
 
 
 class ModelFlags(Protocol):
@@ -53,6 +53,8 @@ class ModelFlags(Protocol):
     def onnx_cache(self) -> str: ...
     @property
     def max_batch_size(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
     @property
     def max_batch_delay_ms(self) -> float: ...
     @property
@@ -94,6 +96,7 @@ def main_model(config: ModelFlags) -> ServedModel:
     setting = config.model or (os.path.abspath(config.model_path) if config.model_path else "")
     spec = ModelSpec(config.model_name or public_name(setting), setting or default_model_path(), task=config.task,
                      device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
+                     max_batch_tokens=config.max_batch_tokens,
                      cuda_graphs=config.cuda_graphs != "off", unpadded_attention=config.unpadded_attention == "auto",
                      runtime=config.runtime, quantize=config.quantize,
                      onnx_cache=config.onnx_cache, default_prompt_name=config.default_prompt_name,
@@ -120,16 +123,17 @@ def extra_model(setting: str, given: dict[str, str], main: ServedModel) -> Serve
     name = given.get("name", public_name(setting))
     try:
         batch_size = int(given["max_batch_size"]) if "max_batch_size" in given else main.spec.max_batch_size
+        budget = int(given["max_batch_tokens"]) if "max_batch_tokens" in given else main.spec.max_batch_tokens
         delay_ms = float(given["max_batch_delay_ms"]) if "max_batch_delay_ms" in given else None
     except ValueError:
         raise ValueError(f"model {name!r}: batch settings must be numbers") from None
-    if batch_size < 0 or (delay_ms is not None and delay_ms < 0):
-        raise ValueError(f"model {name!r}: max_batch_size must be >= 0 (0: the device's default) and "
-                         "max_batch_delay_ms >= 0")
+    if batch_size < 0 or budget < 0 or (delay_ms is not None and delay_ms < 0):
+        raise ValueError(f"model {name!r}: max_batch_size must be >= 0 (0: the device's default), "
+                         "max_batch_tokens >= 0 (0: no budget) and max_batch_delay_ms >= 0")
     inherited = main.spec
     spec = dataclasses.replace(
         inherited, name=name, path=setting, revision=given.get("revision", ""),
-        default_prompt_name=given.get("default_prompt_name", ""), max_batch_size=batch_size,
+        default_prompt_name=given.get("default_prompt_name", ""), max_batch_size=batch_size, max_batch_tokens=budget,
         cuda_graphs=_switch(name, given, "cuda_graphs", GRAPH_SETTINGS, inherited.cuda_graphs),
         unpadded_attention=_switch(name, given, "unpadded_attention", UNPADDED_SETTINGS,
                                    inherited.unpadded_attention),

@@ -333,8 +333,9 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
 async def info(request: web.Request) -> web.Response:
     """``GET /info``: TEI's description of the TEI model, with what the workers said of it in READY.
 
-    ``max_batch_requests`` is the model's batch size on its worker, ``max_batch_tokens`` that times
-    its longest input, ``tokenization_workers`` the workers serving it.
+    ``max_batch_requests`` is the model's batch size on its worker, ``max_batch_tokens`` its worker's token
+    budget for one pass (``--max-batch-tokens``), else that batch size times its longest input,
+    ``tokenization_workers`` the workers serving it.
     """
     model = await route_model(request)
     found = await request.app[CATALOG].lookup(request.app[CLIENT], model)
@@ -346,7 +347,7 @@ async def info(request: web.Request) -> web.Response:
     return json_response({
         "model_id": model, "model_sha": None, "model_dtype": found.dtype or "unknown",
         "model_type": model_type(found), "max_concurrent_requests": config.max_connections,
-        "max_input_length": longest or 0, "max_batch_tokens": (batch or 0) * (longest or 0),
+        "max_input_length": longest or 0, "max_batch_tokens": found.max_batch_tokens or (batch or 0) * (longest or 0),
         "max_batch_requests": batch, "max_client_batch_size": config.max_inputs, "auto_truncate": True,
         "tokenization_workers": found.workers, "version": VERSION, "sha": None, "docker_label": None,
         "served_model_name": model,

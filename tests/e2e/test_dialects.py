@@ -27,6 +27,7 @@ from worker.runners import DEFAULT_MODEL_NAME, default_model_path
 from zbatch.testing import start_http
 
 MODEL = DEFAULT_MODEL_NAME
+BUDGET = 300  # w1's --max-batch-tokens: a batch of two long texts runs as two passes
 RERANK, CLASSIFY, VIT, YOLOS = "tiny-rerank", "tiny-classify", "tiny-vit", "tiny-yolos"
 SPLADE, PROMPTED = "tiny-splade", "tiny-prompts"  # a masked-LM served as sparse-embeddings; a model with prompts
 PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -51,7 +52,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, str]) ->
              f"name={PROMPTED},path={folders[PROMPTED]},task=embeddings,default_prompt_name=query")
     with Daemons(tmp_path_factory.mktemp("logs")) as daemons:
         broker = daemons.add(start_broker(daemons.log_dir))
-        daemons.add(start_worker(broker, daemons.log_dir, "w1", wait=False, workers=1))
+        daemons.add(start_worker(broker, daemons.log_dir, "w1", wait=False, workers=1,
+                                 max_batch_tokens=BUDGET))  # every dialect's vectors below, within a budget
         daemons.add(start_worker(broker, daemons.log_dir, "w2", workers=1, model_path=folders[RERANK],
                                  model_name=RERANK, task="rerank", extra_models=extra))
         grpc_port = free_port()
@@ -222,6 +224,7 @@ def test_tei_routes_answer_tei_json(url: str, reference: np.ndarray) -> None:
     status, _, info = http_json(f"{url}/info")
     assert status == 200 and info["model_id"] == MODEL and info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["model_dtype"] == "float32" and info["max_client_batch_size"]
+    assert info["max_batch_tokens"] == BUDGET, "the worker's own budget, as TEI reports its own"
     assert http_status_of(f"{url}/health") == 200
 
 

@@ -15,6 +15,7 @@ from worker.runners.grouping import (
     CostModel,
     calibrate,
     plan_groups,
+    within_budget,
 )
 
 
@@ -111,3 +112,18 @@ def test_a_packed_pass_is_modelled_as_one_fixed_cost_and_its_real_tokens() -> No
     assert model.packed_seconds([10, 12, 40]) == pytest.approx(0.001 * (20 + 62))
     assert model.packed_seconds([10, 12, 40]) < model.seconds([[0, 1, 2]], [10, 12, 40]), "no padding is paid"
     assert CostModel(20.0).packed_seconds([5]) == NEVER_SPLIT.packed_seconds([5]) == 0.0
+
+
+@pytest.mark.parametrize(("groups", "lengths", "budget", "passes"), [
+    ([[0, 1, 2, 3]], [10, 10, 10, 10], 0, [[0, 1, 2, 3]]),  # no budget: as planned
+    ([[0, 1, 2, 3]], [10, 10, 10, 10], 40, [[0, 1, 2, 3]]),
+    ([[0, 1, 2, 3]], [10, 10, 10, 10], 39, [[0, 1, 2], [3]]),
+    ([[0, 1, 2, 3]], [30, 5, 20, 5], 40, [[1, 3], [2], [0]]),  # shortest first: two of 5, then 20 alone
+    ([[0], [1, 2]], [100, 8, 8], 50, [[0], [1, 2]]),  # one input over the budget runs alone
+    ([], [], 10, []),
+])
+def test_a_token_budget_cuts_each_group_into_passes_within_it(groups: list[list[int]], lengths: list[int],
+                                                              budget: int, passes: list[list[int]]) -> None:
+    cut = within_budget(groups, lengths, budget, lambda rows, longest: rows * longest)
+    assert cut == passes
+    assert sorted(i for each in cut for i in each) == sorted(i for each in groups for i in each)

@@ -37,6 +37,14 @@ def test_unpadded_attention_is_off_unless_asked_and_an_extra_model_may_set_its_o
         True, True, False)
 
 
+def test_a_token_budget_is_none_unless_set_and_an_extra_model_may_set_its_own() -> None:
+    (main,) = load_config([], {}).models
+    assert main.spec.max_batch_tokens == 0
+    main, inherits, own = load_config(["--max-batch-tokens", "16384", "--extra-models",
+                                       "name=a,path=/m/a;name=b,path=/m/b,max_batch_tokens=0"], {}).models
+    assert [model.spec.max_batch_tokens for model in (main, inherits, own)] == [16384, 16384, 0]
+
+
 def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() -> None:
     config = load_config(["--extra-models", "name=a,path=/m/a;name=b,path=/m/b,default_prompt_name=passage"],
                          {"ZBATCH_DEFAULT_PROMPT_NAME": "query"})
@@ -51,6 +59,7 @@ def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() 
         ("name=all-MiniLM-L6-v2,path=/p", "served twice"),
         ("name=x,path=/p,max_batch_size=-1", "max_batch_size must be >= 0"),
         ("name=x,path=/p,max_batch_delay_ms=soon", "must be numbers"),
+        ("name=x,path=/p,max_batch_tokens=-1", "max_batch_tokens >= 0"),
         ("name=x,path=/p,cuda_graphs=on", "cuda_graphs must be one of auto, off"),
         ("name=x,path=/p,unpadded_attention=yes", "unpadded_attention must be one of off, auto"),
     ],

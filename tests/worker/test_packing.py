@@ -3,6 +3,7 @@ accelerator a batch packs (one attention call over a jagged tensor) only where w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,18 @@ def test_packed_embeddings_honour_the_parameters(runner: embeddings.EmbeddingRun
     for want, got in zip(padded(runner, TEXTS, parameters), packed, strict=True):
         assert got.shape == want.shape == (parameters.get("dimensions", runner.dimensions),)
         assert np.abs(want - got).max() < 1e-5
+
+
+def test_a_token_budget_cuts_packed_passes_and_the_vectors_stay(runner: embeddings.EmbeddingRunner,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    want = runner.run(TEXTS, {})
+    monkeypatch.setattr(runner, "spec", replace(runner.spec, max_batch_tokens=8))
+    planned = runner.plan(runner.encode(TEXTS, {}), {})
+    assert planned.packed and len(planned.groups) > 1
+    for group, arrays in planned.groups:
+        assert len(group) == 1 or arrays["input_ids"].size <= 8, "within the budget, or one input alone"
+    for expected, got in zip(want, runner.run_planned(planned), strict=True):
+        assert np.abs(expected - got).max() < 1e-5
 
 
 def test_a_refused_input_keeps_its_place_in_a_packed_batch(runner: embeddings.EmbeddingRunner) -> None:

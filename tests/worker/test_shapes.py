@@ -7,6 +7,7 @@ only thing that differs, so its plans and outputs are checked against the plain 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -67,6 +68,41 @@ def test_buckets_end_at_the_models_own_maximum_and_batch_size() -> None:
     assert max(LENGTHS) >= 8192  # long-context encoders still get buckets
     with pytest.raises(ValueError, match="positive"):
         Buckets(0, 1)
+
+
+def test_a_token_budget_leaves_out_the_buckets_over_it_but_one_input_always_runs() -> None:
+    buckets = Buckets(max_length=256, max_rows=128, max_tokens=1024)
+    shapes = buckets.shapes()
+    assert all(rows * length <= 1024 for rows, length in shapes if rows > 1)
+    assert (64, 16) in shapes and (64, 32) not in shapes and (4, 256) in shapes and (8, 256) not in shapes
+    assert {(1, length) for length in buckets.lengths} <= set(shapes), "an input alone runs however long"
+    assert set(shapes) < set(Buckets(256, 128).shapes())
+    assert buckets.padded_tokens(3, 20) == 4 * 32
+    with pytest.raises(ValueError, match="budget >= 0"):
+        Buckets(256, 128, -1)
+
+
+def test_a_bucketed_plan_within_a_budget_runs_passes_that_were_warmed(minilm: TextRunner) -> None:
+    runner = minilm
+    plain = runner.run(TEXTS, {})
+    spec = runner.spec
+    runner.spec = dataclasses.replace(spec, max_batch_tokens=64)
+    runner.buckets = Buckets(runner.max_length, 8, 64)
+    runner.set_length_grouping(False)
+    try:
+        planned = runner.plan(runner.encode(TEXTS, {}), {})
+        assert len(planned.groups) > 1 and sorted(i for group, _ in planned.groups for i in group) == list(
+            range(len(TEXTS)))
+        for group, arrays in planned.groups:
+            shape = arrays["input_ids"].shape
+            assert shape in runner.buckets.shapes(), "every pass runs a shape warm-up ran"
+            assert len(group) == 1 or shape[0] * shape[1] <= 64
+        budgeted = runner.run_planned(planned)
+    finally:
+        runner.spec, runner.buckets = spec, None
+        runner.set_length_grouping(True)
+    for mine, theirs in zip(budgeted, plain, strict=True):
+        assert np.allclose(mine, theirs, atol=1e-5)
 
 
 @pytest.mark.parametrize("fixture", ["minilm", "reranker"])

@@ -132,7 +132,7 @@ def test_busy_time_is_optional_in_heartbeats_so_older_workers_stay_valid() -> No
 
 def test_ready_carries_what_the_dialects_need_to_know_about_a_model() -> None:
     info = ModelInfo("e", "embeddings", 32, max_length=256, dimensions=384, dtype="float32",
-                     tokenizer=payloads.tokenizer_fingerprint("{}"))
+                     tokenizer=payloads.tokenizer_fingerprint("{}"), max_batch_tokens=16384)
     labelled = ModelInfo("c", "text-classification", 8, 512, None, "bfloat16", ("negative", "positive"))
     ready = Ready((info, labelled), 64)
     assert wire.decode_worker_message(wire.encode_ready(ready)) == ready
@@ -155,6 +155,9 @@ def test_ready_carries_what_the_dialects_need_to_know_about_a_model() -> None:
     ({"tokenizer": "9114256B104CCA80"}, "tokenizer must be 16 lowercase hexadecimal digits"),
     ({"tokenizer": "9114256b104cca8"}, "tokenizer must be 16 lowercase hexadecimal digits"),
     ({"tokenizer": 7}, "'tokenizer' must be of type str"),
+    ({"max_batch_tokens": 0}, "max_batch_tokens must be 1 to"),
+    ({"max_batch_tokens": 2**31 + 1}, "max_batch_tokens must be 1 to"),
+    ({"max_batch_tokens": 1.5}, "'max_batch_tokens' must be of type int"),
     ({"colour": "red"}, "unknown field(s): colour"),
 ])
 def test_ready_model_details_are_decoded_strictly(extra: dict[str, object], complaint: str) -> None:

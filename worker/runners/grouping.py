@@ -16,6 +16,12 @@ its longest member), so a small dynamic programme over the sorted lengths
 finds the cheapest split exactly.  ``overhead_tokens`` is measured on the
 real model at warm-up (:func:`calibrate`): where splitting does not pay, as on
 a GPU, the plan is one group and nothing changes.
+
+A token budget (``--max-batch-tokens``, TEI's setting of that name) bounds
+what one pass holds, padding included, whatever the cost model says: a group
+over it is cut into passes within it (:func:`within_budget`), so a batch of
+long inputs cannot take more memory than the operator allowed.  An input
+longer than the budget runs alone.
 """
 
 from __future__ import annotations
@@ -106,3 +112,23 @@ def calibrate(seconds_for: Callable[[int, int], float]) -> CostModel:
     if per_token <= 0:
         return NEVER_SPLIT
     return CostModel(max(0.0, short / per_token - short_rows * short_tokens), per_token)
+
+
+def within_budget(groups: list[list[int]], lengths: Sequence[int], budget: int,
+                  padded_tokens: Callable[[int, int], int]) -> list[list[int]]:
+    """``groups`` (indices into ``lengths``), each cut into passes of at most ``budget`` tokens, padding included:
+    ``padded_tokens(rows, longest)`` is what a pass of ``rows`` inputs, the longest of ``longest`` tokens, runs.
+    Each group's inputs are taken shortest first; one input over the budget runs alone.  0: no budget."""
+    if not budget:
+        return groups
+    passes: list[list[int]] = []
+    for group in groups:
+        current: list[int] = []
+        for index in sorted(group, key=lengths.__getitem__):
+            if current and padded_tokens(len(current) + 1, lengths[index]) > budget:
+                passes.append(current)
+                current = []
+            current.append(index)
+        if current:
+            passes.append(current)
+    return passes

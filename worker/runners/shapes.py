@@ -16,6 +16,10 @@ shape.  Padding costs little on a GPU, where a pass's time is mostly fixed
 each bucket adds at most a third to a batch's tokens beyond 64 tokens and
 at most a factor of two to its rows.
 
+With a token budget (``--max-batch-tokens``) no pass holds more than that
+many tokens, padding included, so the buckets over it never run and are
+neither warmed nor captured; a pass of one input always runs, however long.
+
 The extra rows are filler: one token each (the tokenizer's first special
 token) with its attention mask set, so that no row attends to nothing, and
 their outputs are thrown away.  On the CPU, shapes cost nothing up front,
@@ -44,10 +48,16 @@ class Buckets:
 
     max_length: int
     max_rows: int
+    max_tokens: int = 0  # the most tokens of a pass of several inputs, padding included; 0: no budget
 
     def __post_init__(self) -> None:
-        if self.max_length < 1 or self.max_rows < 1:
-            raise ValueError(f"buckets need a positive length and row count, not {self.max_length}, {self.max_rows}")
+        if self.max_length < 1 or self.max_rows < 1 or self.max_tokens < 0:
+            raise ValueError(f"buckets need a positive length and row count and a budget >= 0, not "
+                             f"{self.max_length}, {self.max_rows}, {self.max_tokens}")
+
+    def padded_tokens(self, rows: int, longest: int) -> int:
+        """The tokens a pass of ``rows`` inputs, the longest of ``longest`` tokens, runs in its bucket."""
+        return self.rows(rows) * self.length(longest)
 
     def length(self, longest: int) -> int:
         """The padded length of a batch whose longest input has ``longest`` tokens."""
@@ -67,6 +77,8 @@ class Buckets:
         return sorted({self.rows(count) for count in (*ROWS, self.max_rows) if count <= self.max_rows} | {1})
 
     def shapes(self) -> list[tuple[int, int]]:
-        """Every ``(rows, length)`` a batch can be padded to, largest first (the order warm-up runs them)."""
-        return sorted(((rows, length) for rows in self.row_counts for length in self.lengths),
+        """Every ``(rows, length)`` a batch can be padded to, within the budget, largest first (the order warm-up
+        runs them)."""
+        return sorted(((rows, length) for rows in self.row_counts for length in self.lengths
+                       if rows == 1 or not self.max_tokens or rows * length <= self.max_tokens),
                       key=lambda shape: (shape[0] * shape[1], shape), reverse=True)

@@ -54,6 +54,7 @@ class ModelSpec:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 0  # 0: the device's default (worker.runners.device.batch_size), resolved at load
+    max_batch_tokens: int = 0  # most tokens one pass runs, padding included (runners.grouping); 0: no budget
     cuda_graphs: bool = True  # on CUDA: each bucket shape of a graphable model runs as a CUDA graph (runners.graphs)
     unpadded_attention: bool = False  # on an accelerator: a BERT batch runs packed where that wins (runners.packing)
     runtime: str = "torch"
@@ -92,6 +93,7 @@ class ModelDetails:
     dtype: str = ""
     labels: tuple[str, ...] = ()
     tokenizer: str = ""  # the fingerprint of the tokenizer a sender may tokenize with (token_ids.edge_form)
+    max_batch_tokens: int | None = None  # most tokens one pass runs, padding included, where a budget is set
 
 
 def announced_labels(id2label: dict[int, Any] | None) -> tuple[str, ...]:

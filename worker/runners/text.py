@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import operator
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -49,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from worker.runners import calibrations
-from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups
+from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups, within_budget
 from worker.runners.operations import decode_ids
 from worker.runners.packing import Packer, packing_pays
 from worker.runners.phases import phase
@@ -211,7 +212,8 @@ class TextRunner:
         self.max_length = max_length
         self.cost_model = CostModel(0.0)
         self.modelled_seconds = 0.0  # what the last batch took at calibration (0: not known)
-        self.details = ModelDetails(max_length, dtype=dtype_name(model.dtype))
+        self.details = ModelDetails(max_length, dtype=dtype_name(model.dtype),
+                                    max_batch_tokens=spec.max_batch_tokens or None)
         self._tokenizer = tokenizer  # its settings (padding side, pad tokens) are read by every thread
         self._vocabulary = len(tokenizer)
         self._special_frame = SpecialFrame.of(tokenizer)  # what truncated token ids keep at their ends
@@ -226,7 +228,8 @@ class TextRunner:
         self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
         self._padded_seconds: dict[tuple[int, int], float] = {}  # each bucket's padded pass, where packing competes
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
-        self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1)
+        self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1,
+                                                            spec.max_batch_tokens)
 
     def set_length_grouping(self, enabled: bool) -> None:
         """Trim padding (the default: length groups, or one packed pass), or run every batch as one padded pass.
@@ -366,11 +369,13 @@ class TextRunner:
         if (self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs)
                 and self._packs(lengths)):
             modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
-            groups = packed_groups(runnable, tokens, self._packer.max_tokens)
+            groups = packed_groups(runnable, tokens, _tighter(self._packer.max_tokens, self.spec.max_batch_tokens))
             packed = [(group, _concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
             return Planned(packed, outputs, tokens, options, modelled, packed=True)
         if self.buckets is not None:  # padding costs little here, a new shape much: one group, in its bucket
-            groups, modelled = ([runnable] if runnable else []), 0.0
+            groups = within_budget([runnable] if runnable else [], tokens, self.spec.max_batch_tokens,
+                                   self.buckets.padded_tokens)
+            modelled = 0.0
         else:
             groups, modelled = self._groups(runnable, tokens)
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
@@ -470,7 +475,8 @@ class TextRunner:
         if len(runnable) < 2:
             return ([runnable] if runnable else []), 0.0
         chosen = [lengths[i] for i in runnable]
-        plan = plan_groups(chosen, self.cost_model if self._length_grouping else NEVER_SPLIT)
+        plan = within_budget(plan_groups(chosen, self.cost_model if self._length_grouping else NEVER_SPLIT), chosen,
+                             self.spec.max_batch_tokens, operator.mul)
         return [[runnable[i] for i in group] for group in plan], self.cost_model.seconds(plan, chosen)
 
     def _pad(self, encodings: list[Encoding]) -> dict[str, np.ndarray]:
@@ -560,6 +566,13 @@ def _to_device(tensor: Any, device: str) -> Any:
     if device == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _tighter(cap: int | None, budget: int) -> int | None:
+    """The smaller of a packer's own cap (None: none) and the token budget (0: none)."""
+    if not budget:
+        return cap
+    return budget if cap is None else min(cap, budget)
 
 
 def packed_groups(runnable: list[int], tokens: Sequence[int], max_tokens: int | None) -> list[list[int]]:

@@ -31,6 +31,7 @@ MAX_PID: Final = 2**32
 MAX_RETRY_AFTER_MS: Final = 3_600_000
 MAX_MODEL_LENGTH: Final = 2**24  # a model's most input tokens, as READY may announce it
 MAX_DIMENSIONS: Final = 2**20  # an embedding's size, likewise
+MAX_BATCH_TOKENS: Final = 2**31  # a model's token budget for one forward pass, likewise
 MAX_DTYPE_CHARS: Final = 32
 MAX_LABELS: Final = 256  # a classifier's labels in READY; a worker omits them beyond
 MAX_LABEL_CHARS: Final = 128
@@ -38,7 +39,7 @@ MAX_GROUPED_REPLIES: Final = 1024  # answers in one REPLIES message (3.10)
 MAX_GROUPED_BYTES: Final = 4 * 1024 * 1024  # a sender starts another REPLIES past this many payload bytes
 TOKENIZER_FINGERPRINT: Final = re.compile(r"[0-9a-f]{16}")  # payloads.tokenizer_fingerprint's form
 MODEL_INFO_KEYS: Final = frozenset({"name", "task", "max_batch_size", "max_length", "dimensions", "dtype", "labels",
-                                    "tokenizer"})
+                                    "tokenizer", "max_batch_tokens"})
 # Array dtypes as numpy writes them for little-endian or single-byte numbers: "<f4", "|u1", ...
 
 
@@ -126,12 +127,14 @@ class ModelInfo:
     dtype: str = ""  # the weights' dtype, such as "float32"
     labels: tuple[str, ...] = ()  # a classifier's labels, by id
     tokenizer: str = ""  # the fingerprint of a tokenizer whose ids the model takes as it takes texts (3.4)
+    max_batch_tokens: int | None = None  # most tokens one forward pass runs, padding included, where bounded
 
     def details(self) -> dict[str, Any]:
         """The fields after the name, without the unknown ones: READY's model map and STATS' ``info``."""
         details: dict[str, Any] = {"task": self.task, "max_batch_size": self.max_batch_size}
         for key, value in (("max_length", self.max_length), ("dimensions", self.dimensions),
-                           ("dtype", self.dtype), ("labels", list(self.labels)), ("tokenizer", self.tokenizer)):
+                           ("dtype", self.dtype), ("labels", list(self.labels)), ("tokenizer", self.tokenizer),
+                           ("max_batch_tokens", self.max_batch_tokens)):
             if value:
                 details[key] = value
         return details

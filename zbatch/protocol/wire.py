@@ -54,6 +54,9 @@ from zbatch.protocol.messages import (
     LOW_PRIORITY as LOW_PRIORITY,
 )
 from zbatch.protocol.messages import (
+    MAX_BATCH_TOKENS as MAX_BATCH_TOKENS,
+)
+from zbatch.protocol.messages import (
     MAX_CAPACITY as MAX_CAPACITY,
 )
 from zbatch.protocol.messages import (
@@ -531,10 +534,12 @@ def _decode_model_info(raw: Any) -> ModelInfo:
     tokenizer: str = _optional(raw, "tokenizer", str) or ""
     if tokenizer and not TOKENIZER_FINGERPRINT.fullmatch(tokenizer):
         raise ProtocolError("tokenizer must be 16 lowercase hexadecimal digits")
+    budget = _optional(raw, "max_batch_tokens", int)
     return ModelInfo(name, task, batch,
                      None if max_length is None else _bounded(max_length, "max_length", MAX_MODEL_LENGTH),
                      None if dimensions is None else _bounded(dimensions, "dimensions", MAX_DIMENSIONS),
-                     dtype, tuple(labels), tokenizer)
+                     dtype, tuple(labels), tokenizer,
+                     None if budget is None else _bounded(budget, "max_batch_tokens", MAX_BATCH_TOKENS))
 
 
 def _bounded(value: int, what: str, maximum: int) -> int:
