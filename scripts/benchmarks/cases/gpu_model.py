@@ -10,6 +10,8 @@ Python thread, for each batch size:
   does once the pool has prepared the batch: the ceiling of a worker whose CPU side keeps up;
 * ``tokenizer``: ``encode`` alone, one thread: what one pool thread can prepare.
 
+On CUDA the runners are float32, float16 and float16 with CUDA graphs, then the last with
+``--unpadded-attention auto`` (each batch packed where warm-up's timings say it beats its graphed bucket).
 Also: float16 against float32 vectors (cosine), the start-up time of each runner, and the time of
 batches of one text of lengths no batch had before, with buckets (the worker's way) and without.
 """
@@ -137,17 +139,18 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
-    variants = [("float32", "off"), ("float16", "off"), ("float16", "auto")] if cuda else [("float32", "off")]
+    variants = ([("float32", "off", False), ("float16", "off", False), ("float16", "auto", False),
+                 ("float16", "auto", True)] if cuda else [("float32", "off", False)])
     outputs: dict[str, list[Any]] = {}
     reference = load_runner(ModelSpec("cpu", args.model, device="cpu"))
     sample = [*texts[:63], long_text]
     outputs["cpu float32"] = reference.run(sample, {})
     extra: dict[str, Any] = {}
-    for dtype, graphs in variants:
-        label = f"{dtype}, graphs {graphs}" if cuda else "cpu"
+    for dtype, graphs, unpadded in variants:
+        label = f"{dtype}, graphs {graphs}{', unpadded attention auto' * unpadded}" if cuda else "cpu"
         started = time.perf_counter()
         runner = load_runner(ModelSpec(label, args.model, device=device, dtype=dtype, max_batch_size=max(sizes),
-                                       cuda_graphs=graphs != "off"))
+                                       cuda_graphs=graphs != "off", unpadded_attention=unpadded))
         startup[label] = round(time.perf_counter() - started, 2)
         outputs[label] = runner.run(sample, {})
         rows += measure_runner(runner, label, sizes, seconds, texts, sync)
