@@ -23,8 +23,11 @@ any other task                ``text``                    ``output`` BYTES ``[N]
 ============================  ==========================  ==========================================
 
 A request's parameters may set the task's parameters (:data:`PARAMETERS`;
-PROTOCOL.md 5.2); others (Triton's own) are not passed on.  The server's and
-models' health and metadata, which both protocols answer too, are here as well.
+PROTOCOL.md 5.2); others (Triton's own) are not passed on.  An embeddings
+request with ``precision`` ``float16`` gets its ``embedding`` as FP16: the
+worker's half-size vectors as they came, half the bytes in the binary form.
+The server's and models' health and metadata, which both protocols answer
+too, are here as well.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ READY_PROBE_TIMEOUT_MS = 1000
 TEXT_PARAMETERS = (v.TRUNCATE, v.TRUNCATION_DIRECTION)
 # The request parameters passed to the worker, by task; others (Triton's own) are not.
 PARAMETERS: dict[str | None, tuple[str, ...]] = {
-    v.EMBEDDINGS: (v.NORMALIZE, v.DIMENSIONS, v.PROMPT_NAME, *TEXT_PARAMETERS),
+    v.EMBEDDINGS: (v.NORMALIZE, v.DIMENSIONS, v.PROMPT_NAME, v.PRECISION, *TEXT_PARAMETERS),
     v.SPARSE_EMBEDDINGS: (v.PROMPT_NAME, *TEXT_PARAMETERS),
     v.RERANK: (v.RAW_SCORES, *TEXT_PARAMETERS),
     v.IMAGE_CLASSIFICATION: (v.TOP_K,),
@@ -156,7 +159,10 @@ Runner = Callable[[Call, str, dict[str, InputTensor], dict[str, Any]], Awaitable
 async def infer_embeddings(call: Call, model: str, tensors: dict[str, InputTensor],
                            parameters: dict[str, Any]) -> Outputs:
     result = await run(call, model, texts_of(tensors["text"]), parameters)
-    vectors = np.stack([np.asarray(vector, dtype=np.float32) for vector in result.outputs])
+    vectors = np.stack([np.asarray(vector) for vector in result.outputs])
+    if vectors.dtype == np.float16:  # asked for (precision float16): sent as the worker made them
+        return result, [OutputTensor("embedding", "FP16", vectors.shape, vectors)]
+    vectors = vectors.astype(np.float32, copy=False)
     return result, [OutputTensor("embedding", "FP32", vectors.shape, vectors)]
 
 

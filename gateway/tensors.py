@@ -24,7 +24,7 @@ from gateway.errors import bad_request
 MAX_DIMENSIONS = 8
 LENGTH = struct.Struct("<I")
 # The datatypes the gateway answers in, as numpy types (little-endian).
-NUMPY_TYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP64": "<f8"}
+NUMPY_TYPES = {"FP16": "<f2", "FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP64": "<f8"}
 
 
 @dataclass(frozen=True, slots=True)

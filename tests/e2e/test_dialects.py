@@ -158,6 +158,15 @@ def test_tritonclient_binary_and_json_forms(url: str, reference: np.ndarray) -> 
     default = triton.InferInput("text", [1], "BYTES")
     default.set_data_from_numpy(np.array([TEXTS[1].encode()], dtype=np.object_))
     assert cosine(client.infer(MODEL, [default]).as_numpy("embedding")[0], reference[1]) >= SAME  # binary out
+    for binary in (True, False):  # half precision asked for: FP16 as the worker sent it, in either form
+        text = triton.InferInput("text", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
+        halved = client.infer(MODEL, [text], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)],
+                              parameters={"precision": "float16"})
+        vectors = halved.as_numpy("embedding")
+        assert vectors.dtype == np.float16 and vectors.shape == (len(TEXTS), 384)
+        assert halved.get_output("embedding")["datatype"] == "FP16"
+        assert min(cosine(v, r) for v, r in zip(vectors.astype(np.float32), reference, strict=True)) >= 0.9999
     with pytest.raises(triton.InferenceServerException) as unknown:
         client.infer("no-such-model", [default])
     assert unknown.value.status() == "404"

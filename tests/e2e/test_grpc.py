@@ -182,6 +182,9 @@ def test_tritonclient_health_metadata_and_infer(target: str, reference: np.ndarr
     assert result.get_response().id == "mine" and result.get_response().model_version == "1"
     asked = client.infer(MODEL, [texts_input(["hello world"])], outputs=[triton.InferRequestedOutput("embedding")])
     assert cosine(asked.as_numpy("embedding")[0], reference[0]) >= 0.99999
+    halved = client.infer(MODEL, [texts_input(["hello world"])], parameters={"precision": "float16"})
+    assert halved.as_numpy("embedding").dtype == np.float16, "FP16 in raw_output_contents: half the bytes"
+    assert cosine(halved.as_numpy("embedding")[0].astype(np.float32), reference[0]) >= 0.9999
     unknown = error_of(lambda: client.get_model_metadata("no-such-model"))
     assert unknown.status() == "StatusCode.NOT_FOUND" and "no-such-model" in unknown.message()
     assert error_of(lambda: client.infer("no-such-model", [texts_input(["x"])])).status() == "StatusCode.NOT_FOUND"
