@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from worker.cores import default_path as default_ledger_path
-from worker.model_settings import GRAPH_SETTINGS, UNPADDED_SETTINGS, ServedModel, served_models
+from worker.model_settings import GRAPH_SETTINGS, UNPADDED_SETTINGS, ServedModel, budget_refusal, served_models
 from worker.requests import InputLimits
 from worker.runners.device import DTYPES
 from worker.runners.spec import QUANTIZE, RUNTIMES
@@ -66,7 +66,7 @@ class WorkerConfig:
     max_batch_tokens: int = option(0, "most tokens one forward pass of a text model runs, padding included: a "
                                    "batch over it runs as several passes, and one input longer runs alone, so "
                                    "long inputs cannot take more memory than this allows (TEI's setting of the "
-                                   "name; 0: no budget)", minimum=0)
+                                   "name; 0: no budget)", minimum=0, check=budget_refusal)
     cuda_graphs: str = option("auto", "on CUDA, run each padded batch shape of a BERT embedding model as one CUDA "
                               "graph captured before READY, one launch a batch instead of one a kernel (auto), or "
                               "eagerly (off)", choices=GRAPH_SETTINGS)

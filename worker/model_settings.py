@@ -17,6 +17,7 @@ from typing import Protocol
 from worker.runners.runtime import check_settings
 from worker.runners.spec import ModelSpec, default_model_path
 from zbatch.hub import public_name
+from zbatch.protocol.messages import MAX_BATCH_TOKENS
 from zbatch.runtime.settings import parse_entries
 
 GRAPH_SETTINGS = ("auto", "off")  # --cuda-graphs: the runner captures graphs (ModelSpec.cuda_graphs) or not
@@ -127,9 +128,9 @@ def extra_model(setting: str, given: dict[str, str], main: ServedModel) -> Serve
         delay_ms = float(given["max_batch_delay_ms"]) if "max_batch_delay_ms" in given else None
     except ValueError:
         raise ValueError(f"model {name!r}: batch settings must be numbers") from None
-    if batch_size < 0 or budget < 0 or (delay_ms is not None and delay_ms < 0):
+    if batch_size < 0 or (delay_ms is not None and delay_ms < 0) or budget_refusal(budget):
         raise ValueError(f"model {name!r}: max_batch_size must be >= 0 (0: the device's default), "
-                         "max_batch_tokens >= 0 (0: no budget) and max_batch_delay_ms >= 0")
+                         f"max_batch_tokens 0 (no budget) to {MAX_BATCH_TOKENS} and max_batch_delay_ms >= 0")
     inherited = main.spec
     spec = dataclasses.replace(
         inherited, name=name, path=setting, revision=given.get("revision", ""),
@@ -144,7 +145,7 @@ def extra_model(setting: str, given: dict[str, str], main: ServedModel) -> Serve
     return ServedModel(spec, main.max_batch_delay_s if delay_ms is None else delay_ms / 1000)
 
 
-def _switch(name: str, given: dict[str, str], key: str, choices: tuple[str, str], inherited: bool) -> bool:
+def _switch(name: str, given: dict[str, str], key: str, choices: tuple[str, ...], inherited: bool) -> bool:
     """An extra model's on-or-off key (on unless "off"), or the main model's value where it is unset."""
     value = given.get(key)
     if value is None:
@@ -152,3 +153,10 @@ def _switch(name: str, given: dict[str, str], key: str, choices: tuple[str, str]
     if value not in choices:
         raise ValueError(f"model {name!r}: {key} must be one of {', '.join(choices)}")
     return value != "off"
+
+
+def budget_refusal(budget: int) -> str | None:
+    """Why ``budget`` cannot be a token budget (READY carries at most :data:`MAX_BATCH_TOKENS`), or None."""
+    if not 0 <= budget <= MAX_BATCH_TOKENS:
+        return f"must be 0 (no budget) to {MAX_BATCH_TOKENS}"
+    return None

@@ -43,6 +43,8 @@ def test_a_token_budget_is_none_unless_set_and_an_extra_model_may_set_its_own() 
     main, inherits, own = load_config(["--max-batch-tokens", "16384", "--extra-models",
                                        "name=a,path=/m/a;name=b,path=/m/b,max_batch_tokens=0"], {}).models
     assert [model.spec.max_batch_tokens for model in (main, inherits, own)] == [16384, 16384, 0]
+    with pytest.raises(SystemExit):  # more than READY can carry: refused at start, with the reason on stderr
+        load_config(["--max-batch-tokens", "3000000000"], {})
 
 
 def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() -> None:
@@ -59,7 +61,8 @@ def test_the_default_prompt_name_is_the_main_models_and_each_extra_models_own() 
         ("name=all-MiniLM-L6-v2,path=/p", "served twice"),
         ("name=x,path=/p,max_batch_size=-1", "max_batch_size must be >= 0"),
         ("name=x,path=/p,max_batch_delay_ms=soon", "must be numbers"),
-        ("name=x,path=/p,max_batch_tokens=-1", "max_batch_tokens >= 0"),
+        ("name=x,path=/p,max_batch_tokens=-1", "max_batch_tokens 0 .no budget. to 2147483648"),
+        ("name=x,path=/p,max_batch_tokens=3000000000", "max_batch_tokens 0 .no budget. to 2147483648"),
         ("name=x,path=/p,cuda_graphs=on", "cuda_graphs must be one of auto, off"),
         ("name=x,path=/p,unpadded_attention=yes", "unpadded_attention must be one of off, auto"),
     ],

@@ -1,5 +1,5 @@
-"""Packed BERT passes: every real token's hidden state equals the padded pass's; BERT on a CPU packs, and on an
-accelerator a batch packs (one attention call over a jagged tensor) only where warm-up's timings say it wins."""
+"""Packed BERT passes: every real token's hidden state equals the padded pass's, with a call of attention per
+input (a CPU's way) or one over the whole row (an accelerator's); which models pack, and where."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import torch
 
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_gpt2
 from worker.runners import DEFAULT_MODEL_NAME, ModelSpec, default_model_path, embeddings, load_runner
-from worker.runners.grouping import CostModel
-from worker.runners.packing import PackedBert, packer_for, packing_pays, restarting_positions
-from worker.runners.shapes import Buckets
+from worker.runners.packing import PackedBert, packed_groups, packer_for, restarting_positions
 from worker.runners.spec import InputError
-from worker.runners.text import packed_groups
 
 LENGTHS = [3, 17, 1, 9, 30]  # mixed, so a padded pass pads all but one
 
@@ -213,73 +210,3 @@ def test_packed_groups_keep_the_order_and_stay_under_the_cap(tokens: list[int], 
                                                            expected: list[list[int]]) -> None:
     assert packed_groups(list(range(len(tokens))), tokens, cap) == expected
 
-
-BUCKETS = Buckets(max_length=64, max_rows=4)
-PACKED = CostModel(overhead_tokens=100.0, seconds_per_token=1e-5)  # a packed pass: 1 ms + 10 us a token
-
-
-@pytest.mark.parametrize(("lengths", "padded_seconds", "packs"), [
-    ([10, 60], {(2, 64): 0.0025}, True),  # 1.7 ms packed against 2.5 ms in the (2, 64) bucket
-    ([10, 60], {(2, 64): 0.0015}, False),
-    ([10, 60, 5], {(4, 64): 0.0025}, True),  # three rows run in the 4-row bucket
-    ([10, 60], {(4, 64): 0.0025}, False),  # its bucket was not timed: padded, as without packing
-    ([10, 60], {}, False),
-    ([], {(1, 16): 1.0}, False),
-])
-def test_a_batch_packs_on_an_accelerator_only_where_the_timings_say_it_wins(
-        lengths: list[int], padded_seconds: dict[tuple[int, int], float], packs: bool) -> None:
-    assert packing_pays(lengths, BUCKETS, padded_seconds, PACKED) is packs
-
-
-def test_an_uncalibrated_packed_pass_never_wins() -> None:
-    assert not packing_pays([10, 60], BUCKETS, {(2, 64): 1.0}, CostModel(0.0))
-
-
-@pytest.fixture(scope="module")
-def accelerator_stand_in() -> embeddings.EmbeddingRunner:
-    """The default model on the CPU set up as on an accelerator with ``--unpadded-attention auto``: buckets and
-    the one-call packer.  A stand-in for a GPU, which this host lacks; torch runs the same code on both."""
-    loaded = load_runner(ModelSpec(DEFAULT_MODEL_NAME, default_model_path(), device="cpu"))
-    assert isinstance(loaded, embeddings.EmbeddingRunner)
-    loaded.buckets = Buckets(max_length=128, max_rows=4)
-    loaded._packer = PackedBert(loaded._model, one_call=True)
-    return loaded
-
-
-def test_warm_up_times_every_bucket_as_serving_runs_it(accelerator_stand_in: embeddings.EmbeddingRunner) -> None:
-    runner = accelerator_stand_in
-    assert runner.buckets is not None
-    runner.time_padded_buckets()
-    assert set(runner._padded_seconds) == set(runner.buckets.shapes())
-    assert all(seconds > 0 for seconds in runner._padded_seconds.values())
-
-
-@pytest.mark.parametrize("packed_wins", [True, False])
-def test_each_batch_runs_the_way_its_timings_choose_and_gives_the_same_vectors(
-        accelerator_stand_in: embeddings.EmbeddingRunner, packed_wins: bool) -> None:
-    runner = accelerator_stand_in
-    assert runner.buckets is not None
-    encodings = runner.encode(TEXTS, {})
-    lengths = [each.length for each in encodings if not isinstance(each, InputError)]
-    bucket = (runner.buckets.rows(len(lengths)), runner.buckets.length(max(lengths)))
-    packed_seconds = runner.cost_model.packed_seconds(lengths)
-    assert packed_seconds > 0, "warm-up calibrated the packed pass"
-    runner._padded_seconds = {bucket: packed_seconds * (2.0 if packed_wins else 0.5)}
-    planned = runner.plan(encodings, {})
-    assert planned.packed is packed_wins
-    if not packed_wins:
-        assert planned.groups[0][1]["input_ids"].shape == bucket, "padded to its bucket"
-    for want, got in zip(padded(runner, TEXTS, {}), runner.run_planned(planned), strict=True):
-        assert float(np.dot(want, got) / np.linalg.norm(want) / np.linalg.norm(got)) >= 0.9999
-
-
-def test_a_packer_that_fails_on_the_device_leaves_the_batches_padded(
-        accelerator_stand_in: embeddings.EmbeddingRunner, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """A fake: a packer that raises, as one attention call over a jagged tensor might on some accelerator."""
-    def fails(*_: Any) -> Any:
-        raise RuntimeError("no kernel for a jagged tensor here")
-
-    monkeypatch.setattr(accelerator_stand_in, "_packer", fails)
-    assert not accelerator_stand_in._packs_here()
-    assert "every batch runs padded" in caplog.text

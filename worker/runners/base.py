@@ -18,6 +18,7 @@ from worker.runners.images import ImageRunner
 from worker.runners.pipeline import PipelineRunner
 from worker.runners.sparse import SparseEmbeddingRunner
 from worker.runners.spec import InputError, ModelDetails, ModelSpec
+from worker.runners.text import TextRunner
 from zbatch.protocol.vocabulary import (
     CLASSIFICATION,
     CUSTOM_TASK_PREFIX,
@@ -164,6 +165,9 @@ def load_runner(spec: ModelSpec) -> Runner:
     runner: Runner = runtime.load(spec, device, dtype, runner_class(spec.task))
     if runner.spec.max_batch_size < 1:  # a custom runner that built a spec of its own: 0 would announce no batch
         runner.spec = dataclasses.replace(runner.spec, max_batch_size=spec.max_batch_size)
+    if spec.max_batch_tokens and not isinstance(runner, TextRunner):
+        log.warning("model %s: max_batch_tokens applies to models zbatch tokenizes itself (embeddings, rerank, "
+                    "classification and the like); this %s model runs its batches whole", spec.name, spec.task)
     with phases.phase("warm-up"):
         runner.warm_up()
     return runner

@@ -33,7 +33,7 @@ import numpy as np
 
 from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.operations import token_rows, unpooled
-from worker.runners.packing import packer_for
+from worker.runners.packing import Packer, packer_for
 from worker.runners.phases import phase
 from worker.runners.pooling import SentenceHead, prompt_tokens, repadded, without_prompt
 from worker.runners.spec import InputError, InputKind, ModelSpec, Outputs
@@ -92,8 +92,10 @@ class EmbeddingRunner(TextRunner):
 
     def warm_up(self) -> None:
         """Capture the CUDA graphs (:mod:`worker.runners.graphs`), whose captures run every shape first; warm the
-        shapes up eagerly only where there are no graphs, or their capture failed."""
-        if self.buckets is not None and self._packer is not None and not self._packs_here():
+        shapes up eagerly only where there are no graphs, or their capture failed.  On an accelerator with
+        unpadded attention: first check that a packed pass runs there at all, and last time every bucket
+        padded and packed, the graphs captured (:mod:`worker.runners.unpadded`)."""
+        if self.buckets is not None and self._packer is not None and not self._packs_here(self._packer):
             self._packer = None
         super().warm_up()
         if self._graphs is not None and self.buckets is not None:
@@ -101,17 +103,16 @@ class EmbeddingRunner(TextRunner):
                 self._graphs.capture(self.buckets.shapes())
             if not self._graphs.shapes:
                 self._warm_shapes(super()._eager_shapes())
-        self.time_padded_buckets()
+        self.time_passes()
 
-    def _packs_here(self) -> bool:
-        """Whether a packed pass with one attention call runs on this accelerator; if not, batches run padded,
+    def _packs_here(self, packer: Packer) -> bool:
+        """Whether ``packer``'s pass (one attention call) runs on this accelerator; if not, batches run padded,
         as they would with ``--unpadded-attention off``."""
         import torch
 
         try:
             with torch.inference_mode():
-                assert self._packer is not None
-                self._packer(torch.ones(3, dtype=torch.long, device=self.device), None, [1, 2]).sum().item()
+                packer(torch.ones(3, dtype=torch.long, device=self.device), None, [1, 2]).sum().item()
         except Exception:
             log.warning("model %s: a packed pass with one attention call fails on %s, so every batch runs padded",
                         self.spec.name, self.device, exc_info=True)

@@ -331,7 +331,7 @@ def _export_packed(model: Any, head: str, names: list[str], target: Path) -> lis
     pass or the export fails (padded graphs serve)."""
     import torch
 
-    from worker.runners.packing import packer_for
+    from worker.runners.packing import packer_for, restarting_positions
 
     if head != "last_hidden_state" or "position_ids" not in names or packer_for(model, "cpu") is None:
         return []
@@ -339,7 +339,7 @@ def _export_packed(model: Any, head: str, names: list[str], target: Path) -> lis
     lengths = [7, 5]
     example = {"input_ids": torch.tensor([[min(5 + i, int(model.config.vocab_size) - 1) for i in range(12)]]),
                "token_type_ids": torch.zeros(1, 12, dtype=torch.long),
-               "position_ids": torch.cat([torch.arange(length) for length in lengths])[None],
+               "position_ids": torch.from_numpy(restarting_positions(lengths))[None],
                ATTENTION_BIAS: torch.from_numpy(attention_bias(lengths))}
     mapped = {ATTENTION_BIAS: "attention_mask"}  # a 4-D float mask is added to the scores as it is
     axes = {name: {1: "tokens"} for name in inputs if name != ATTENTION_BIAS}

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.runners.onnx_export import ATTENTION_BIAS, OUTPUT, attention_bias
+from worker.runners.packing import restarting_positions
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -163,7 +164,7 @@ class OrtPacker:
         arrays = {"input_ids": ids,
                   "token_type_ids": (token_type_ids.numpy().astype(np.int64, copy=False)[None]
                                      if token_type_ids is not None else np.zeros_like(ids)),
-                  "position_ids": np.concatenate([np.arange(length, dtype=np.int64) for length in lengths])[None],
+                  "position_ids": restarting_positions(lengths)[None],
                   ATTENTION_BIAS: attention_bias(lengths)}
         session = self.sessions[session_threads(torch.get_num_threads(), self.counts)]
         output = session.run([OUTPUT], {name: arrays[name] for name in self.inputs})[0]

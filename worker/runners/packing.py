@@ -29,23 +29,17 @@ On an accelerator (``--unpadded-attention auto``), attention runs as one
 call over the whole row instead of one per input: the row is a jagged
 tensor (``torch.nested``, its inputs' offsets), which CUDA's scaled
 dot-product attention runs as one variable-length kernel, as TEI's flash
-attention does.  There a padded batch is usually the cheaper one: it runs
-as a captured CUDA graph (:mod:`worker.runners.graphs`), and padding costs
-little while the pass's fixed cost dominates.  So the packed pass is kept
-only for the batches it wins (:func:`packing_pays`): warm-up times each
-padded bucket as serving runs it and fits the packed pass's cost, and each
-batch runs the way that costs it less.
+attention does.  Whether a batch runs so there is
+:mod:`worker.runners.unpadded`'s choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-
-from worker.runners.grouping import CostModel
-from worker.runners.shapes import Buckets
 
 if TYPE_CHECKING:
     import torch
@@ -83,6 +77,7 @@ class PackedBert:
 
         embeddings = self._model.embeddings
         positions = torch.from_numpy(restarting_positions(lengths)).to(input_ids.device, non_blocking=True)
+        row = _Row.of(lengths, input_ids.device) if self.one_call else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden = (embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
@@ -90,13 +85,15 @@ class PackedBert:
         hidden = embeddings.LayerNorm(hidden)
         for layer in self._model.encoder.layer:
             attention = layer.attention
-            context = self._attend(attention.self, hidden, lengths)
+            context = self._attend(attention.self, hidden, lengths, row)
             hidden = attention.output.LayerNorm(attention.output.dense(context) + hidden)
             hidden = layer.output.LayerNorm(layer.output.dense(layer.intermediate(hidden)) + hidden)
         return hidden  # type: ignore[no-any-return]  # transformers' layers are untyped
 
-    def _attend(self, attention: Any, hidden: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-        """Self-attention of each input over its own tokens only: the one step that mixes tokens."""
+    def _attend(self, attention: Any, hidden: torch.Tensor, lengths: Sequence[int],
+                row: _Row | None) -> torch.Tensor:
+        """Self-attention of each input over its own tokens only: the one step that mixes tokens; in one call
+        over the jagged ``row`` where there is one."""
         import torch
         from torch.nn.functional import scaled_dot_product_attention
 
@@ -104,8 +101,8 @@ class PackedBert:
         per_head = int(attention.attention_head_size)
         query, key, value = (projection(hidden).view(tokens, self._heads, per_head).transpose(0, 1)
                              for projection in (attention.query, attention.key, attention.value))
-        if self.one_call:
-            return _attended_at_once(query, key, value, lengths).reshape(tokens, self._heads * per_head)
+        if row is not None:
+            return row.attended(query, key, value).reshape(tokens, self._heads * per_head)
         contexts = []
         start = 0
         for length in lengths:
@@ -122,25 +119,36 @@ def restarting_positions(lengths: Sequence[int]) -> np.ndarray:
     return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
 
 
-def _attended_at_once(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      lengths: Sequence[int]) -> torch.Tensor:
-    """Attention of each input over its own tokens, all inputs in one call: ``(heads, tokens, per_head)`` in,
-    ``(tokens, heads, per_head)`` out.  The offsets and the longest length come from the host, so nothing
-    waits for the device."""
-    import torch
-    from torch.nn.functional import scaled_dot_product_attention
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A packed row's inputs as a jagged tensor takes them: offsets on the device, the shortest and longest
+    length from the host, so that no layer waits for the device or copies them again."""
 
-    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bounds[1:])
-    offsets = torch.from_numpy(bounds).to(query.device, non_blocking=True)
-    longest, shortest = max(lengths), min(lengths)
+    offsets: torch.Tensor
+    shortest: int
+    longest: int
 
-    def jagged(projected: torch.Tensor) -> torch.Tensor:  # (heads, tokens, d) -> (inputs, heads, j, d)
-        return torch.nested.nested_tensor_from_jagged(projected.transpose(0, 1), offsets, min_seqlen=shortest,
-                                                      max_seqlen=longest).transpose(1, 2)
+    @classmethod
+    def of(cls, lengths: Sequence[int], device: Any) -> _Row:
+        import torch
 
-    attended = scaled_dot_product_attention(jagged(query), jagged(key), jagged(value))
-    return attended.transpose(1, 2).values()  # a jagged tensor's rows, packed
+        bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        return cls(torch.from_numpy(bounds).to(device, non_blocking=True), min(lengths), max(lengths))
+
+    def attended(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Attention of each input over its own tokens, all inputs in one call: ``(heads, tokens, per_head)``
+        in, ``(tokens, heads, per_head)`` out."""
+        import torch
+        from torch.nn.functional import scaled_dot_product_attention
+
+        def jagged(projected: torch.Tensor) -> torch.Tensor:  # (heads, tokens, d) -> (inputs, heads, j, d)
+            return torch.nested.nested_tensor_from_jagged(projected.transpose(0, 1), self.offsets,
+                                                          min_seqlen=self.shortest,
+                                                          max_seqlen=self.longest).transpose(1, 2)
+
+        attended = scaled_dot_product_attention(jagged(query), jagged(key), jagged(value))
+        return attended.transpose(1, 2).values()  # a jagged tensor's rows, packed
 
 
 def packer_for(model: Any, device: str, unpadded_attention: bool = False) -> PackedBert | None:
@@ -148,7 +156,8 @@ def packer_for(model: Any, device: str, unpadded_attention: bool = False) -> Pac
 
     Only a plain BERT encoder (``BertModel``: absolute positions, not a decoder) in eval mode (the packed
     pass has no dropout).  On the CPU it always packs; on an accelerator only with ``unpadded_attention``,
-    with one attention call per pass, and then only for the batches it wins (:func:`packing_pays`).
+    with one attention call per pass, and then only for the batches it wins
+    (:func:`worker.runners.unpadded.packing_pays`).
     """
     if type(model).__name__ != "BertModel" or (device != "cpu" and not unpadded_attention):
         return None  # before importing BertModel's module: a model that is not one (ONNX Runtime's) does not
@@ -162,12 +171,17 @@ def packer_for(model: Any, device: str, unpadded_attention: bool = False) -> Pac
     return PackedBert(model, one_call=device != "cpu")
 
 
-def packing_pays(lengths: Sequence[int], buckets: Buckets, padded_seconds: Mapping[tuple[int, int], float],
-                 packed: CostModel) -> bool:
-    """Whether one packed pass over inputs of ``lengths`` is modelled to take less than the padded bucket they
-    would run in, as warm-up timed it.  A bucket not timed, or a packed pass not calibrated: padded."""
-    if not lengths:
-        return False
-    padded = padded_seconds.get((buckets.rows(len(lengths)), buckets.length(max(lengths))))
-    modelled = packed.packed_seconds(lengths)
-    return padded is not None and 0 < modelled < padded
+def packed_groups(runnable: list[int], tokens: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """``runnable`` in order, cut into groups of at most ``max_tokens`` tokens each (one input longer than that
+    alone); one group where there is no cap."""
+    if max_tokens is None:
+        return [runnable]
+    groups: list[list[int]] = []
+    room = 0
+    for index in runnable:
+        if not groups or tokens[index] > room:
+            groups.append([])
+            room = max_tokens
+        groups[-1].append(index)
+        room -= tokens[index]
+    return groups

@@ -21,8 +21,13 @@ steps that the worker can run on different threads (:mod:`worker.engine`):
 2. :meth:`~TextRunner.plan`: :mod:`worker.runners.grouping` plans the length
    groups from the encodings' lengths, and each group is padded into arrays
    (numpy, no torch).  A runner with a packer (:mod:`worker.runners.packing`:
-   a BERT encoder on a CPU) plans one group instead, its inputs concatenated
-   with no padding at all.  Each encoding's length is the input's tokens as run,
+   a BERT encoder on a CPU, or on an accelerator where
+   :mod:`worker.runners.unpadded` finds it wins) plans packed groups instead,
+   their inputs concatenated with no padding at all.  On an accelerator a
+   padded batch is one group in its bucket (:mod:`worker.runners.shapes`).
+   A token budget (``--max-batch-tokens``) cuts every kind of group into
+   passes within it (:func:`~worker.runners.grouping.within_budget`).
+   Each encoding's length is the input's tokens as run,
    after truncation with special tokens, so counting costs nothing: results
    are :class:`~worker.runners.spec.Outputs` carrying those counts.
 3. :meth:`~TextRunner.run_planned`: each group's arrays become tensors on
@@ -52,7 +57,7 @@ import numpy as np
 from worker.runners import calibrations
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups, within_budget
 from worker.runners.operations import decode_ids
-from worker.runners.packing import Packer, packing_pays
+from worker.runners.packing import Packer, packed_groups
 from worker.runners.phases import phase
 from worker.runners.prompts import Prompts, prompted
 from worker.runners.shapes import Buckets
@@ -66,6 +71,7 @@ from worker.runners.spec import (
     quoted_names,
 )
 from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
+from worker.runners.unpadded import TIMING_RUNS, PassTimings, fit_packed, packing_pays
 from zbatch.protocol.payloads import encode_without_offsets, tokenizer_fingerprint
 from zbatch.protocol.vocabulary import (
     ADD_SPECIAL_TOKENS,
@@ -79,7 +85,6 @@ from zbatch.protocol.vocabulary import (
 from zbatch.protocol.wire import shortened
 
 log = logging.getLogger("zbatch.worker")
-PADDED_TIMING_RUNS = 2  # timed runs of each padded bucket (the fastest kept), where packed passes compete
 TRUNCATION_PARAMETERS = frozenset({TRUNCATE, TRUNCATION_DIRECTION})
 TOKENIZE_PARAMETERS = frozenset({ADD_SPECIAL_TOKENS})
 DIRECTIONS = ("right", "left")
@@ -116,7 +121,7 @@ class Planned:
     tokens: list[int]
     options: Any
     modelled_seconds: float  # the groups' modelled time on the full thread count (0: not known)
-    packed: bool = False  # one group, its rows concatenated into 1-D arrays (no attention mask)
+    packed: bool = False  # each group's rows concatenated into 1-D arrays (no attention mask)
 
 
 def check_parameters(parameters: dict[str, Any], accepted: frozenset[str], task: str) -> None:
@@ -226,13 +231,14 @@ class TextRunner:
         self.details = replace(self.details, tokenizer=fingerprint)
         self._length_grouping = True
         self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
-        self._padded_seconds: dict[tuple[int, int], float] = {}  # each bucket's padded pass, where packing competes
+        self._pass_timings: PassTimings | None = None  # on an accelerator that may pack: runners.unpadded
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
         self.buckets = None if device == "cpu" else Buckets(max_length, spec.max_batch_size or 1,
                                                             spec.max_batch_tokens)
 
     def set_length_grouping(self, enabled: bool) -> None:
-        """Trim padding (the default: length groups, or one packed pass), or run every batch as one padded pass.
+        """Trim padding (the default: length groups, or packed passes), or run every batch padded (one pass
+        within the token budget, where one is set).
 
         Off, the model runs as plain serving code runs it, which is what a
         comparison with such code needs.  The outputs agree either way, to
@@ -368,8 +374,9 @@ class TextRunner:
         lengths = [tokens[i] for i in runnable]
         if (self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs)
                 and self._packs(lengths)):
-            modelled = self.cost_model.packed_seconds(lengths) if len(runnable) > 1 else 0.0
-            groups = packed_groups(runnable, tokens, _tighter(self._packer.max_tokens, self.spec.max_batch_tokens))
+            groups = packed_groups(runnable, tokens, self._packed_cap)
+            modelled = (sum(self.cost_model.packed_seconds([tokens[i] for i in group]) for group in groups)
+                        if len(runnable) > 1 else 0.0)
             packed = [(group, _concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
             return Planned(packed, outputs, tokens, options, modelled, packed=True)
         if self.buckets is not None:  # padding costs little here, a new shape much: one group, in its bucket
@@ -381,28 +388,50 @@ class TextRunner:
         padded = [(group, self._pad([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
         return Planned(padded, outputs, tokens, options, modelled)
 
+    @property
+    def _packed_cap(self) -> int | None:
+        """The most tokens of one packed pass: the packer's own cap or the token budget, the smaller."""
+        assert self._packer is not None
+        return _tighter(self._packer.max_tokens, self.spec.max_batch_tokens)
+
     def _packs(self, lengths: list[int]) -> bool:
         """Whether a batch of inputs of ``lengths`` runs packed: on a CPU always (packing only drops padding
-        there); on an accelerator where the packed pass beats its padded bucket (:func:`packing_pays`)."""
-        return self.buckets is None or packing_pays(lengths, self.buckets, self._padded_seconds, self.cost_model)
+        there); on an accelerator where warm-up's timings say it wins (:mod:`worker.runners.unpadded`)."""
+        return self.buckets is None or packing_pays(lengths, self.buckets, self._pass_timings,
+                                                    self.spec.max_batch_tokens, self._packed_cap)
 
-    def time_padded_buckets(self) -> None:
-        """On an accelerator where batches may run packed: time each bucket's padded pass as serving runs it
-        (after its warm-up or graph capture), the side :meth:`_packs` weighs a packed pass against."""
+    def time_passes(self) -> None:
+        """On an accelerator where batches may pack: time every bucket padded and packed, as serving runs each
+        (after the graphs' capture), for :meth:`_packs` to choose by (:mod:`worker.runners.unpadded`)."""
         if self.buckets is None or self._packer is None:
             return
-        seconds: dict[tuple[int, int], float] = {}
-        with phase("padded timings"):
+        padded: dict[tuple[int, int], float] = {}
+        points: list[tuple[int, float]] = []
+        with phase("pass timings"):
             for rows, length in self.buckets.shapes():
-                for _ in range(PADDED_TIMING_RUNS):
-                    started = time.perf_counter()
-                    self._warm(rows, length)
-                    elapsed = time.perf_counter() - started
-                    seconds[rows, length] = min(elapsed, seconds.get((rows, length), elapsed))
-        self._padded_seconds = seconds
-        log.info("model %s: %d padded buckets timed against one packed pass of %.2f ms + %.2f us a token; each "
-                 "batch runs the cheaper way", self.spec.name, len(seconds),
-                 1e3 * self.cost_model.packed_seconds([]), 1e6 * self.cost_model.seconds_per_token)
+                encodings = self._filler_inputs(rows, length)
+                plans = [self._filler_plan(rows, length, pad_rows(encodings, length, dict.fromkeys(
+                             encodings[0].rows, 0), False), packed=False),
+                         self._filler_plan(rows, length, _concatenated(encodings), packed=True)]
+                padded_s, packed_s = (min(self._timed(plan) for _ in range(TIMING_RUNS)) for plan in plans)
+                padded[rows, length] = padded_s
+                points.append((rows * length, packed_s))
+        fitted = fit_packed(points)
+        self._pass_timings = PassTimings(padded, *fitted) if fitted else None
+        if fitted is None:
+            log.info("model %s: packed passes did not time slower for more tokens here, so every batch runs "
+                     "padded", self.spec.name)
+            return
+        wins = sum(packing_pays([length] * rows, self.buckets, self._pass_timings, self.spec.max_batch_tokens,
+                                self._packed_cap) for rows, length in padded)
+        log.info("model %s: %d buckets timed padded and packed (packed: %.2f ms + %.3f us a token); each batch "
+                 "runs the cheaper way (packed for %d of the buckets full)", self.spec.name, len(padded),
+                 1e3 * fitted[0], 1e6 * fitted[1], wins)
+
+    def _timed(self, planned: Planned) -> float:
+        started = time.perf_counter()
+        self.run_planned(planned)  # its outputs are on the host: the device has finished
+        return time.perf_counter() - started
 
     def run_planned(self, planned: Planned) -> Outputs:
         """Run a planned batch's groups through the model: the only step that calls torch."""
@@ -497,11 +526,19 @@ class TextRunner:
 
     def _warm(self, rows: int, length: int) -> None:
         """Run one batch of ``rows`` inputs padded to ``length`` the way serving runs it, and wait for it."""
+        encodings = self._filler_inputs(rows, length)
+        arrays = pad_rows(encodings, length, dict.fromkeys(encodings[0].rows, 0), False)
+        self.run_planned(self._filler_plan(rows, length, arrays, packed=False))
+
+    def _filler_inputs(self, rows: int, length: int) -> list[Encoding]:
+        """``rows`` inputs of exactly ``length`` tokens (the warm-up text's, repeated), for warming and timing."""
         (sample,) = self.encode([self.warm_up_input], {})
         assert isinstance(sample, Encoding)
-        tokens = Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})
-        arrays = pad_rows([tokens] * rows, length, dict.fromkeys(tokens.rows, 0), False)
-        self.run_planned(Planned([(list(range(rows)), arrays)], [None] * rows, [length] * rows, self._options({}), 0.0))
+        return [Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})] * rows
+
+    def _filler_plan(self, rows: int, length: int, arrays: dict[str, np.ndarray], packed: bool) -> Planned:
+        return Planned([(list(range(rows)), arrays)], [None] * rows, [length] * rows, self._options({}), 0.0,
+                       packed=packed)
 
     def _seconds_for(self, rows: int, tokens: int) -> float:
         """Time one forward pass over ``rows`` inputs of exactly ``tokens`` tokens (for calibration)."""
@@ -573,22 +610,6 @@ def _tighter(cap: int | None, budget: int) -> int | None:
     if not budget:
         return cap
     return budget if cap is None else min(cap, budget)
-
-
-def packed_groups(runnable: list[int], tokens: Sequence[int], max_tokens: int | None) -> list[list[int]]:
-    """``runnable`` in order, cut into groups of at most ``max_tokens`` tokens each (one input longer than that
-    alone); one group where there is no cap."""
-    if max_tokens is None:
-        return [runnable]
-    groups: list[list[int]] = []
-    room = 0
-    for index in runnable:
-        if not groups or tokens[index] > room:
-            groups.append([])
-            room = max_tokens
-        groups[-1].append(index)
-        room -= tokens[index]
-    return groups
 
 
 def _concatenated(encodings: list[Encoding]) -> dict[str, np.ndarray]:
