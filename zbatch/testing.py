@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,6 +56,9 @@ STRIPPED_ENV = ("ZBATCH_", "NOTIFY_SOCKET", "WATCHDOG_")  # prefixes of variable
 # and calibrations each worker would otherwise work out again).
 START_CACHE_ENV = "ZBATCH_ONNX_CACHE"
 KEPT_ENV = (native.ENV, START_CACHE_ENV)
+RECENT_PORTS = 4096  # ports free_port will not give again
+_GIVEN: dict[int, None] = {}  # the ports free_port gave, oldest first
+_GIVEN_LOCK = threading.Lock()
 
 
 class DaemonFailure(AssertionError):
@@ -65,10 +69,22 @@ class DaemonFailure(AssertionError):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and none this process was given lately.
+
+    The kernel may hand out a port it has just handed out, once that socket is closed, so two calls in a row
+    could name the same port (a broker's frontend and backend, which then fails to bind).
+    """
+    with _GIVEN_LOCK:
+        for _ in range(100):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _GIVEN:
+                _GIVEN[port] = None
+                while len(_GIVEN) > RECENT_PORTS:
+                    del _GIVEN[next(iter(_GIVEN))]  # the oldest
+                return port
+    raise DaemonFailure("no free TCP port on 127.0.0.1 that this process was not given lately, in 100 tries")
 
 
 def endpoint() -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 
 MODEL_NAME = "all-MiniLM-L6-v2"  # the name each peer serves the model under
 # On a GPU host (the gpu case) the peer runs where and as zbatch's worker does there: these say how.
@@ -40,10 +39,3 @@ def limit_threads() -> None:
     """Cap every thread pool at TORCH_THREADS before torch or numpy load, in this process and its children."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(TORCH_THREADS)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a peer's second or third listener)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
