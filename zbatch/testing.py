@@ -249,6 +249,19 @@ def _started(daemon: Daemon, condition: Callable[[], object], what: str) -> Daem
     return daemon
 
 
+def _on_free_ports(start: Callable[[], Daemon], chosen: bool, tries: int = 3) -> Daemon:
+    """``start()``, again on fresh ports while the daemon could not bind the ones it was given because another
+    process took them between :func:`free_port` and the bind (``chosen``: the harness chose them, so any free
+    ones will do); a port the caller gave, or any other failure, fails at once."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start()
+        except DaemonFailure as failure:
+            if not chosen or attempt == tries or "address already in use" not in str(failure).lower():
+                raise
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
 def broker_stats(frontend: str, timeout_ms: int = 1000, curve: CurveKeys | None = None) -> dict[str, Any] | None:
     """The broker's statistics, or None if it does not answer within ``timeout_ms``."""
     async def ask() -> dict[str, Any]:
@@ -278,11 +291,16 @@ def start_broker(log_dir: Path, name: str = "broker", *, env: Mapping[str, str] 
 
     ``curve``: a client's keys, for a broker started with CURVE settings.
     """
-    ends = {"frontend": str(settings.pop("frontend", None) or endpoint()),
-            "backend": str(settings.pop("backend", None) or endpoint())}
-    daemon = spawn("broker", name, log_dir, env=env, interpreter=None, **ends, **settings)
-    daemon.endpoints, daemon.curve = ends, curve
-    return _started(daemon, lambda: broker_stats(daemon.frontend, curve=curve) is not None, "the broker to answer")
+    given = {end: settings.pop(end, None) for end in ("frontend", "backend")}
+
+    def start() -> Daemon:
+        ends = {end: str(value or endpoint()) for end, value in given.items()}
+        daemon = spawn("broker", name, log_dir, env=env, interpreter=None, **ends, **settings)
+        daemon.endpoints, daemon.curve = ends, curve
+        return _started(daemon, lambda: broker_stats(daemon.frontend, curve=curve) is not None,
+                        "the broker to answer")
+
+    return _on_free_ports(start, chosen=not any(given.values()))
 
 
 def _lists(broker: Daemon, worker: Daemon) -> bool:
@@ -320,10 +338,13 @@ def start_http(module: str, name: str, log_dir: Path, /, *args: str, ready: str 
 
     ``interpreter``: as for :func:`spawn`.
     """
-    port = free_port()
-    daemon = spawn(module, name, log_dir, *args, env=env, interpreter=interpreter, **settings, port=port)
-    daemon.endpoints["url"] = f"http://127.0.0.1:{port}"
-    return _started(daemon, lambda: http_status(daemon.url + ready) == 200, f"{name} to answer {ready}")
+    def start() -> Daemon:
+        port = free_port()
+        daemon = spawn(module, name, log_dir, *args, env=env, interpreter=interpreter, **settings, port=port)
+        daemon.endpoints["url"] = f"http://127.0.0.1:{port}"
+        return _started(daemon, lambda: http_status(daemon.url + ready) == 200, f"{name} to answer {ready}")
+
+    return _on_free_ports(start, chosen=True)
 
 
 def start_gateway(broker: Daemon, log_dir: Path, *, ready: str = "/healthz", env: Mapping[str, str] | None = None,

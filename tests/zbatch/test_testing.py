@@ -51,3 +51,33 @@ def test_free_ports_are_real_and_distinct() -> None:
     assert len(set(ports)) == len(ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[-1]))  # nothing holds it
+
+
+class RacedStarts:
+    """A fake start: its first ``raced`` daemons fail as a daemon does whose free port another process took
+    before it bound it (a race between processes, which no test can make happen on purpose)."""
+
+    def __init__(self, raced: int, message: str = "cannot bind tcp://127.0.0.1:46081: Address already in use") -> None:
+        self.raced, self.message, self.calls = raced, message, 0
+
+    def __call__(self) -> testing.Daemon:
+        self.calls += 1
+        if self.calls <= self.raced:
+            raise testing.DaemonFailure(f"broker exited with code 1\n{self.message}")
+        return testing.Daemon("broker", None, None)  # type: ignore[arg-type]  # never used: only counted
+
+
+def test_a_daemon_whose_chosen_ports_were_taken_starts_again_on_fresh_ones() -> None:
+    starts = RacedStarts(raced=2)
+    assert testing._on_free_ports(starts, chosen=True).name == "broker" and starts.calls == 3
+
+
+@pytest.mark.parametrize(("starts", "chosen"), [
+    (RacedStarts(raced=5), True),  # it gives up after its tries
+    (RacedStarts(raced=1), False),  # a port the caller gave: the test meant it
+    (RacedStarts(raced=1, message="ValueError: no model"), True),  # any other failure
+])
+def test_other_start_failures_fail_at_once(starts: RacedStarts, chosen: bool) -> None:
+    with pytest.raises(testing.DaemonFailure):
+        testing._on_free_ports(starts, chosen=chosen)
+    assert starts.calls == (3 if starts.raced == 5 else 1)
