@@ -71,7 +71,7 @@ from worker.runners.spec import (
     quoted_names,
 )
 from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
-from worker.runners.unpadded import TIMING_RUNS, PassTimings, fit_packed, packing_pays
+from worker.runners.unpadded import PassTimings, packing_pays, timed_passes
 from zbatch.protocol.payloads import encode_without_offsets, tokenizer_fingerprint
 from zbatch.protocol.vocabulary import (
     ADD_SPECIAL_TOKENS,
@@ -371,9 +371,8 @@ class TextRunner:
         outputs: list[Any] = [each if isinstance(each, InputError) else None for each in encodings]
         tokens = [0 if isinstance(each, InputError) else each.length for each in encodings]
         runnable = [index for index, each in enumerate(encodings) if not isinstance(each, InputError)]
-        lengths = [tokens[i] for i in runnable]
         if (self._packer is not None and self._length_grouping and len(runnable) >= max(1, self._packer.min_inputs)
-                and self._packs(lengths)):
+                and self._packs(runnable, tokens)):
             groups = packed_groups(runnable, tokens, self._packed_cap)
             modelled = (sum(self.cost_model.packed_seconds([tokens[i] for i in group]) for group in groups)
                         if len(runnable) > 1 else 0.0)
@@ -394,39 +393,30 @@ class TextRunner:
         assert self._packer is not None
         return _tighter(self._packer.max_tokens, self.spec.max_batch_tokens)
 
-    def _packs(self, lengths: list[int]) -> bool:
-        """Whether a batch of inputs of ``lengths`` runs packed: on a CPU always (packing only drops padding
-        there); on an accelerator where warm-up's timings say it wins (:mod:`worker.runners.unpadded`)."""
-        return self.buckets is None or packing_pays(lengths, self.buckets, self._pass_timings,
-                                                    self.spec.max_batch_tokens, self._packed_cap)
+    def _packs(self, runnable: list[int], tokens: list[int]) -> bool:
+        """Whether a batch's ``runnable`` inputs (of ``tokens`` each) run packed: on a CPU always (packing only
+        drops padding there); on an accelerator where warm-up's timings say it wins
+        (:mod:`worker.runners.unpadded`)."""
+        return self.buckets is None or packing_pays([tokens[i] for i in runnable], self.buckets,
+                                                    self._pass_timings, self.spec.max_batch_tokens, self._packed_cap)
 
     def time_passes(self) -> None:
         """On an accelerator where batches may pack: time every bucket padded and packed, as serving runs each
         (after the graphs' capture), for :meth:`_packs` to choose by (:mod:`worker.runners.unpadded`)."""
         if self.buckets is None or self._packer is None:
             return
-        padded: dict[tuple[int, int], float] = {}
-        points: list[tuple[int, float]] = []
         with phase("pass timings"):
-            for rows, length in self.buckets.shapes():
-                encodings = self._filler_inputs(rows, length)
-                plans = [self._filler_plan(rows, length, pad_rows(encodings, length, dict.fromkeys(
-                             encodings[0].rows, 0), False), packed=False),
-                         self._filler_plan(rows, length, _concatenated(encodings), packed=True)]
-                padded_s, packed_s = (min(self._timed(plan) for _ in range(TIMING_RUNS)) for plan in plans)
-                padded[rows, length] = padded_s
-                points.append((rows * length, packed_s))
-        fitted = fit_packed(points)
-        self._pass_timings = PassTimings(padded, *fitted) if fitted else None
-        if fitted is None:
+            self._pass_timings = timed_passes(self.buckets.shapes(), self._filler_plan, self._timed)
+        if self._pass_timings is None:
             log.info("model %s: packed passes did not time slower for more tokens here, so every batch runs "
                      "padded", self.spec.name)
             return
-        wins = sum(packing_pays([length] * rows, self.buckets, self._pass_timings, self.spec.max_batch_tokens,
-                                self._packed_cap) for rows, length in padded)
+        timings = self._pass_timings
+        wins = sum(packing_pays([length] * rows, self.buckets, timings, self.spec.max_batch_tokens,
+                                self._packed_cap) for rows, length in timings.padded)
         log.info("model %s: %d buckets timed padded and packed (packed: %.2f ms + %.3f us a token); each batch "
-                 "runs the cheaper way (packed for %d of the buckets full)", self.spec.name, len(padded),
-                 1e3 * fitted[0], 1e6 * fitted[1], wins)
+                 "runs the cheaper way (packed for %d of the buckets full)", self.spec.name, len(timings.padded),
+                 1e3 * timings.packed_fixed_s, 1e6 * timings.packed_per_token_s, wins)
 
     def _timed(self, planned: Planned) -> float:
         started = time.perf_counter()
@@ -526,17 +516,16 @@ class TextRunner:
 
     def _warm(self, rows: int, length: int) -> None:
         """Run one batch of ``rows`` inputs padded to ``length`` the way serving runs it, and wait for it."""
-        encodings = self._filler_inputs(rows, length)
-        arrays = pad_rows(encodings, length, dict.fromkeys(encodings[0].rows, 0), False)
-        self.run_planned(self._filler_plan(rows, length, arrays, packed=False))
+        self.run_planned(self._filler_plan(rows, length, packed=False))
 
-    def _filler_inputs(self, rows: int, length: int) -> list[Encoding]:
-        """``rows`` inputs of exactly ``length`` tokens (the warm-up text's, repeated), for warming and timing."""
+    def _filler_plan(self, rows: int, length: int, packed: bool) -> Planned:
+        """A batch of ``rows`` inputs of exactly ``length`` tokens (the warm-up text's, repeated), padded or
+        packed, for warming and timing."""
         (sample,) = self.encode([self.warm_up_input], {})
         assert isinstance(sample, Encoding)
-        return [Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})] * rows
-
-    def _filler_plan(self, rows: int, length: int, arrays: dict[str, np.ndarray], packed: bool) -> Planned:
+        encodings = [Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})] * rows
+        arrays = (_concatenated(encodings) if packed
+                  else pad_rows(encodings, length, dict.fromkeys(sample.rows, 0), False))
         return Planned([(list(range(rows)), arrays)], [None] * rows, [length] * rows, self._options({}), 0.0,
                        packed=packed)
 

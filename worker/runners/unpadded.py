@@ -38,8 +38,9 @@ choice against padded batches alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from worker.runners.grouping import within_budget
 from worker.runners.packing import packed_groups
@@ -73,6 +74,21 @@ def fit_packed(points: Sequence[tuple[int, float]]) -> tuple[float, float] | Non
     if slope <= 0:
         return None
     return max(0.0, mean_seconds - slope * mean_tokens), slope
+
+
+def timed_passes(shapes: Iterable[tuple[int, int]], plan: Callable[[int, int, bool], Any],
+                 timed: Callable[[Any], float]) -> PassTimings | None:
+    """Rule 1 and 2: each ``(rows, length)`` bucket's batch, ``plan(rows, length, packed)``, timed padded and
+    packed by ``timed`` (the fastest of :data:`TIMING_RUNS` each, the batch built before the clock starts);
+    None where the packed line does not rise with the tokens."""
+    padded: dict[tuple[int, int], float] = {}
+    points: list[tuple[int, float]] = []
+    for rows, length in shapes:
+        padded_plan, packed_plan = plan(rows, length, False), plan(rows, length, True)
+        padded[rows, length] = min(timed(padded_plan) for _ in range(TIMING_RUNS))
+        points.append((rows * length, min(timed(packed_plan) for _ in range(TIMING_RUNS))))
+    fitted = fit_packed(points)
+    return PassTimings(padded, *fitted) if fitted else None
 
 
 def packing_pays(lengths: Sequence[int], buckets: Buckets, timings: PassTimings | None, budget: int,
