@@ -73,7 +73,7 @@ async def gpu(ctx: Context) -> None:
     alone = await _model_alone(path, quick)
     ctx.gpu_info = alone["info"] | {"extra": alone["extra"], "cuda": cuda}
     for r in alone["rows"]:
-        ctx.rows.append(row(f"{CASE}-model", r["system"], r["concurrency"], r))
+        _keep(ctx, row(f"{CASE}-model", r["system"], r["concurrency"], r))
     clients = QUICK_CLIENTS if quick else CLIENTS
     warmup_s, duration_s = (0.5, 1.5) if quick else (2.0, 8.0)
     with Daemons() as daemons:
@@ -84,17 +84,23 @@ async def gpu(ctx: Context) -> None:
                 procs.log(f"gpu: zbatch serve over {kind.upper()} at {c} clients")
                 result = await spread_closed_loop(kind, served.target(kind), name, c, warmup_s, duration_s,
                                                   LOAD_PROCESSES)
-                ctx.rows.append(row(CASE, f"zbatch serve, {kind.upper()}", c, with_tokens(result, tokens)))
+                _keep(ctx, row(CASE, f"zbatch serve, {kind.upper()}", c, with_tokens(result, tokens)))
         upload_clients, texts = (2, 8) if quick else UPLOAD
         procs.log(f"gpu: {upload_clients} clients x {texts} texts a request over HTTP")
         result = await spread_closed_loop("http", served.target("http"), name, upload_clients, warmup_s,
                                           duration_s, LOAD_PROCESSES, texts=texts)
-        ctx.rows.append(row(f"{CASE}-upload", f"zbatch serve, HTTP, {texts} texts a request", upload_clients,
+        _keep(ctx, row(f"{CASE}-upload", f"zbatch serve, HTTP, {texts} texts a request", upload_clients,
                             with_tokens(result, tokens)))
     if cuda:
         await _one_worker_per_gpu(ctx, path, name, warmup_s, duration_s)
     await _shapes(ctx, cuda, quick, warmup_s, duration_s, tokens)
     await _mosec(ctx, path, name, clients, warmup_s, duration_s, cuda)
+
+
+def _keep(ctx: Context, measured: dict[str, Any]) -> None:
+    """A row kept for the report and logged whole at once, so a device run cut short still brings it back."""
+    ctx.rows.append(measured)
+    procs.log(f"gpu row: {json.dumps(measured, default=str)}")
 
 
 def with_tokens(result: dict[str, Any], tokens_per_text: float) -> dict[str, Any]:
@@ -119,7 +125,7 @@ async def _shapes(ctx: Context, cuda: bool, quick: bool, warmup_s: float, durati
                 procs.log(f"gpu: {shape.name}: {clients} clients x {texts} texts a request over HTTP")
                 result = await spread_closed_loop("http", served.target("http"), SHAPE_MODEL, clients, warmup_s,
                                                   duration_s, LOAD_PROCESSES, texts=texts)
-                ctx.rows.append(row(f"{CASE}-shape", f"{shape.name}, HTTP, {texts} text{'s' * (texts > 1)} a "
+                _keep(ctx, row(f"{CASE}-shape", f"{shape.name}, HTTP, {texts} text{'s' * (texts > 1)} a "
                                     "request", clients, with_tokens(result, tokens), startup_s=served.startup_s))
 
 
@@ -192,7 +198,7 @@ async def _one_worker_per_gpu(ctx: Context, path: str, name: str, warmup_s: floa
         procs.log(f"gpu: zbatch serve, 1 worker per GPU, over HTTP at {c} clients")
         result = await spread_closed_loop("http", served.target("http"), name, c, warmup_s, duration_s,
                                           LOAD_PROCESSES)
-        ctx.rows.append(row(CASE, "zbatch serve, 1 worker per GPU, HTTP", c, result))
+        _keep(ctx, row(CASE, "zbatch serve, 1 worker per GPU, HTTP", c, result))
 
 
 async def _mosec(ctx: Context, path: str, name: str, clients: tuple[int, ...], warmup_s: float, duration_s: float,
@@ -211,7 +217,7 @@ async def _mosec(ctx: Context, path: str, name: str, clients: tuple[int, ...], w
         for c in clients:
             procs.log(f"gpu: mosec at {c} clients")
             result = await spread_closed_loop("http", url, name, c, warmup_s, duration_s, LOAD_PROCESSES)
-            ctx.rows.append(row(CASE, MOSEC_TEXT if cuda else "mosec 0.9.8", c, result))
+            _keep(ctx, row(CASE, MOSEC_TEXT if cuda else "mosec 0.9.8", c, result))
 
 
 def section(rows: list[dict[str, Any]], info: dict[str, Any] | None) -> list[str]:

@@ -11,7 +11,9 @@
    anchors' shapes (:data:`~scripts.benchmarks.systems.shapes.SHAPES`) at 512 × 1 and 64 × 32 over HTTP;
 4. **fronts**: the bundled model with each (brokers, gateway processes) of :data:`LAYOUTS` at 512 clients;
 5. **unpadded**: the base-size shape at 64 clients of 32 texts over HTTP, with ``--unpadded-attention`` off
-   (batches padded to their graphed buckets) and auto (each batch packed where warm-up's timings say it wins).
+   (batches padded to their graphed buckets) and auto (each batch packed where warm-up's timings say it wins);
+6. **edge**: the bundled model at 512 HTTP clients of one text and 64 of 32, with the gateways' ``edge_tokenize``
+   off (the shipped default: workers tokenize) and on (gateway processes tokenize, ids travel).
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself, and the results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
@@ -52,7 +54,7 @@ GPU_CHAOS = ChaosPlan(256, 75.0, 5.0, 12.0, ("worker-0", "worker-1", "broker-0",
 QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
-STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0}
+STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0}
 SHAPED = "shaped"
 
 
@@ -164,6 +166,20 @@ async def unpadded_step(session: Session, folder: Path, shape: Shape) -> None:
             session.save()
 
 
+async def edge_step(session: Session, path: str, name: str) -> None:
+    """Tokenizing in the workers (shipped) against tokenizing in the gateway processes, on the same host."""
+    tokens = await asyncio.to_thread(mean_tokens, path, sentences())
+    loads = ((8, 1), (4, 8)) if session.quick else ((512, 1), (64, 32))
+    for setting in ("false", "true"):
+        with Daemons() as daemons:
+            served = await serve(daemons, path, name, f"edge-{setting}", env={"ZBATCH_EDGE_TOKENIZE": setting})
+            for clients, texts in loads:
+                result = await session.load("http", served.target("http"), name, clients, texts)
+                session.rows.append(row("rates", f"{name}, HTTP, {texts} a request, edge_tokenize {setting}",
+                                        clients, with_tokens(result, tokens)))
+                session.save()
+
+
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
     """One step within its time limit; a failure is noted and the next step runs."""
     procs.log(f"gpu session: {name}")
@@ -230,6 +246,7 @@ async def main(out: Path, quick: bool, steps: list[str]) -> None:
         "rates": lambda: rates_step(session, path, name, folders),
         "fronts": lambda: fronts_step(session, path, name),
         "unpadded": lambda: unpadded_step(session, folders[shapes[-1]], shapes[-1]),
+        "edge": lambda: edge_step(session, path, name),
     }
     for each in steps:
         await step(session, each, work[each])
