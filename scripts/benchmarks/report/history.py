@@ -38,11 +38,12 @@ def previous(path: Path, heading: str = HEADING) -> list[str]:
 
 
 def issue_sections(path: Path) -> list[str]:
-    """Every ``## ... (issue N)`` section of an existing BENCHMARKS.md, heading included: written by hand with
-    an issue's measured figures and the commands behind them, and kept as they are by every run."""
+    """Every ``## ... (issue N)`` (or ``(issues N and M)``) section of an existing BENCHMARKS.md, heading included:
+    written by hand with an issue's measured figures and the commands behind them, and kept as they are by every
+    run."""
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     kept: list[str] = []
-    for heading in (line for line in lines if re.fullmatch(r"## .*\(issue \d+\)", line)):
+    for heading in (line for line in lines if re.fullmatch(r"## .*\(issues? \d+(?:(?:, | and )\d+)*\)", line)):
         kept += ["", heading, "", *previous(path, heading)]
     return kept
 
