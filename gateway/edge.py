@@ -5,8 +5,9 @@ Theory of operation
 On a GPU host a worker is one process, and each text it tokenizes holds its
 interpreter; the gateway's processes scale with the host's cores.  So with
 ``edge_tokenize`` on (off by default: on a host whose daemons share few cores
-it costs the gateway more than it saves the worker), the gateway tokenizes
-where it can, and the worker runs the ids (PROTOCOL.md 5.2, 5.3):
+it costs the gateway more than it saves the worker; ``zbatch serve`` turns it
+on where its workers run on GPUs), the gateway tokenizes where it can, and
+the worker runs the ids (PROTOCOL.md 5.2, 5.3):
 
 1. A worker whose model takes token ids exactly as it takes texts (an
    embeddings model with a fast tokenizer and no default prompt) names its

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from gateway import config as gateway_config
 from gateway.config import MAX_AUTO_PROCESSES
 from zbatch.supervisor import stack
 from zbatch.supervisor.config import load_config
@@ -41,7 +43,7 @@ def test_a_host_with_gpus_gets_brokers_from_its_cores_and_a_gateway_process_for_
     assert big.brokers == GPU_HOST_BROKERS
     assert big.gateway_processes == min(CORES_FOR_MORE_BROKERS // CORES_PER_GATEWAY_PROCESS, MAX_GATEWAY_PROCESSES)
     assert front_layout(CORES_FOR_MORE_BROKERS - 1, 1).brokers == 1
-    assert front_layout(1, 1) == FrontLayout(1, 1, front_layout(1, 1).why), "at least one gateway process"
+    assert front_layout(1, 1) == FrontLayout(1, 1, front_layout(1, 1).why, edge_tokenize=True), "one process at least"
     assert front_layout(0, 2).gateway_processes == 1
     assert front_layout(1024, 8).gateway_processes == MAX_GATEWAY_PROCESSES
     assert front_layout(4 * CORES_PER_GATEWAY_PROCESS, 1).gateway_processes == min(4, MAX_GATEWAY_PROCESSES)
@@ -139,6 +141,26 @@ def test_the_stack_starts_every_broker_and_gives_the_gateway_and_the_workers_all
     assert [name for name in on_gpus if name.startswith("broker")] == [f"broker-{i}" for i in range(GPU_HOST_BROKERS)]
     gateway = on_gpus["gateway"].argv
     assert gateway[gateway.index("--processes") + 1] == str(placement.fronts.gateway_processes)
+
+
+def test_on_gpus_the_gateway_processes_tokenize_unless_the_gateways_own_setting_says(tmp_path: Path) -> None:
+    """GPU workers' tokenizing sets the pace, so the layout moves it to the gateway processes; an operator's
+    ``edge_tokenize`` (variable or table) stands, and a host without GPUs keeps the gateway's default."""
+    def gateway_argv(environ: dict[str, str], config_file: str | None = None) -> list[str]:
+        placement = stack.place(load_config([], {}), environ, cores=CORES_FOR_MORE_BROKERS)
+        built = stack.build(load_config([], {}), environ, config_file, placement=placement)
+        return list(built.programs["gateway"].argv)
+
+    on_gpus = gateway_argv(ONE_GPU)
+    assert on_gpus[on_gpus.index("--edge-tokenize") + 1] == "true"
+    assert gateway_config.load_config(on_gpus[on_gpus.index("--host"):], {}).edge_tokenize
+    assert "--edge-tokenize" not in gateway_argv(NO_GPUS)
+    assert "--edge-tokenize" not in gateway_argv(ONE_GPU | {"ZBATCH_EDGE_TOKENIZE": "false"})
+    table = tmp_path / "zbatch.toml"
+    table.write_text("[gateway]\nedge_tokenize = false\n")
+    argv = gateway_argv(ONE_GPU, str(table))
+    assert "--edge-tokenize" not in argv
+    assert not gateway_config.load_config(argv[argv.index("--host"):], {"ZBATCH_CONFIG": str(table)}).edge_tokenize
 
 
 def test_zbatch_serve_help_says_how_the_fronts_are_chosen() -> None:

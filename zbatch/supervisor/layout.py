@@ -20,7 +20,11 @@ chooses from the host:
   cores up, and one gateway process for every :data:`CORES_PER_GATEWAY_PROCESS`
   cores, from 1 to :data:`MAX_GATEWAY_PROCESSES`: the processes share the
   cores with the workers and the clients, so more than the cores allow
-  serve less, not more.
+  serve less, not more.  And the gateway processes tokenize the texts
+  (the gateway's ``edge_tokenize``), so token ids reach the workers: a
+  worker is one interpreter whose tokenizing holds it, and the gateway's
+  processes scale with the cores.  Where the gateway's own setting is set
+  (its variable or its table), that stands (:mod:`zbatch.supervisor.stack`).
 
 The constants come from a measurement of these layouts on a GPU host
 (BENCHMARKS.md, "One H200, 2026-11-27"), whose figures stay there.
@@ -48,6 +52,7 @@ class FrontLayout:
     brokers: int
     gateway_processes: int  # GATEWAY_DEFAULT: the gateway chooses
     why: str
+    edge_tokenize: bool = False  # the gateway processes tokenize the texts, unless the gateway's setting says
 
 
 def front_layout(cores: int, gpus: int) -> FrontLayout:
@@ -59,8 +64,9 @@ def front_layout(cores: int, gpus: int) -> FrontLayout:
     plural = "" if gpus == 1 else "s"
     return FrontLayout(brokers, processes,
                        f"a host of {cores} cores and {gpus} GPU{plural}: {GPU_HOST_BROKERS} brokers from "
-                       f"{CORES_FOR_MORE_BROKERS} cores, and a gateway process for every "
-                       f"{CORES_PER_GATEWAY_PROCESS} cores, at most {MAX_GATEWAY_PROCESSES}")
+                       f"{CORES_FOR_MORE_BROKERS} cores, a gateway process for every "
+                       f"{CORES_PER_GATEWAY_PROCESS} cores, at most {MAX_GATEWAY_PROCESSES}, and texts tokenized "
+                       "in the gateway processes", edge_tokenize=True)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class Fronts:
     endpoints: tuple[tuple[str, str], ...]
     gateway_processes: int  # GATEWAY_DEFAULT: the gateway's own default
     why: str  # where each number came from, for the log
+    edge_tokenize: bool = False  # the layout's choice; the gateway's own setting, where set, stands
 
     @property
     def frontends(self) -> str:
@@ -120,7 +127,7 @@ def resolve_fronts(frontends: Sequence[str], backends: Sequence[str], brokers: i
         auto.append("gateway processes")
     if auto:
         reasons.append(f"{' and '.join(auto)} auto for {layout.why}")
-    return Fronts(tuple(endpoints), processes or layout.gateway_processes, "; ".join(reasons))
+    return Fronts(tuple(endpoints), processes or layout.gateway_processes, "; ".join(reasons), layout.edge_tokenize)
 
 
 def derivable(frontend: str, backend: str) -> bool:

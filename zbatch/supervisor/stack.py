@@ -95,9 +95,11 @@ def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | No
     served = served_name(config)
     explicit = daemon_text("gateway", "default_model", environ, config_file)
     default = ("--default-model", served) if served and not explicit else ()
+    edge = (("--edge-tokenize", "true") if fronts.edge_tokenize
+            and _daemon_raw("gateway", "edge_tokenize", environ, config_file) is None else ())
     programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
                                           "--frontend", fronts.frontends, "--processes",
-                                          str(fronts.gateway_processes), *default), env)
+                                          str(fronts.gateway_processes), *default, *edge), env)
     return Stack(units, programs)
 
 
