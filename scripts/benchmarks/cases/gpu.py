@@ -250,12 +250,20 @@ def section(rows: list[dict[str, Any]], info: dict[str, Any] | None) -> list[str
                     and r["system"] == system}
         lines.append(f"| {system} | " + " | ".join(_n(by_batch.get(b)) for b in _batches(rows)) + " |")
     extra = info.get("extra", {})
-    lines += ["", f"Start-up of each runner (load, warm every bucket, capture graphs): {info.get('runner_startup_s')}.",
-              f"Cosine against float32 on the CPU (lowest of 64 texts, one over 256 tokens): "
-              f"{extra.get('cosine_vs_cpu_float32')}.",
+    startup = "; ".join(f"{label} {seconds:.1f} s" for label, seconds in info.get("runner_startup_s", {}).items())
+    cosines = "; ".join(f"{label} {cosine:.7f}" for label, cosine in extra.get("cosine_vs_cpu_float32", {}).items())
+    lines += ["", f"Start-up of each runner (load, warm every bucket, capture graphs): {startup}.",
+              f"Cosine against float32 on the CPU (lowest of 64 texts, one over 256 tokens): {cosines}.",
               "Batches of one text of a length not seen before, float16: with buckets "
-              f"{extra.get('new_shapes_bucketed')}, without {extra.get('new_shapes_unbucketed')}."]
+              f"{_timings(extra.get('new_shapes_bucketed'))}; without, {_timings(extra.get('new_shapes_unbucketed'))}."]
     return lines
+
+
+def _timings(measured: dict[str, Any] | None) -> str:
+    if not measured:
+        return "not measured"
+    return (f"p50 {measured['p50_ms']:.1f} ms, p99 {measured['p99_ms']:.1f} ms, "
+            f"the slowest {measured['max_ms']:.1f} ms ({measured['batches']} batches)")
 
 
 def _tokens_per_text(rows: list[dict[str, Any]]) -> str:
