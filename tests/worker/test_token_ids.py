@@ -16,9 +16,10 @@ import pytest
 from tests.worker.tiny_models import make_tiny_bert, make_tiny_qwen3, with_prompts, with_st_modules
 from worker.runners import InputError, ModelSpec, load_runner, operation_of
 from worker.runners.embeddings import EmbeddingRunner
+from worker.runners.encoding import Encoding
 from worker.runners.sparse import SparseEmbeddingRunner
 from worker.runners.spec import check_request
-from worker.runners.text import Encoding, TextRunner
+from worker.runners.text import TextRunner
 from worker.runners.token_ids import SpecialFrame, outside_vocabulary
 from zbatch.protocol import payloads
 from zbatch.protocol import vocabulary as v

@@ -3,9 +3,11 @@
 * :mod:`~worker.runners.spec`: the model spec, input checks and the default model;
 * :mod:`~worker.runners.device`: device and dtype rules, CPU features;
 * :mod:`~worker.runners.base`: the :class:`Runner` protocol and :func:`load_runner`;
-* :mod:`~worker.runners.text`: what the text runners share: truncation, token
-  counts, the ``tokenize`` operation, batches run in length groups
-  (:mod:`~worker.runners.grouping`) or packed (:mod:`~worker.runners.packing`);
+* :mod:`~worker.runners.encoding`: inputs as a text model takes them: truncation,
+  token counts, the ``tokenize`` operation, rows padded or concatenated;
+* :mod:`~worker.runners.text`: what the text runners share: a batch encoded, then
+  run in length groups (:mod:`~worker.runners.grouping`) or packed
+  (:mod:`~worker.runners.packing`);
 * :mod:`~worker.runners.embeddings`: sentence embeddings;
 * :mod:`~worker.runners.classify`: cross-encoders (``rerank``) and text classifiers;
 * :mod:`~worker.runners.images`: image classification and object detection;

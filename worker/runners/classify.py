@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from worker.runners.encoding import flag, load_tokenizer, model_max_length
 from worker.runners.spec import InputError, InputKind, ModelSpec, announced_labels
-from worker.runners.text import TextRunner, flag, load_model, load_tokenizer, model_max_length
+from worker.runners.text import TextRunner, load_model
 from zbatch.protocol.vocabulary import RAW_SCORES, RERANK, TOP_K
 
 if TYPE_CHECKING:

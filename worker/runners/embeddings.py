@@ -31,6 +31,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from worker.runners.encoding import (
+    TRUNCATION_PARAMETERS,
+    check_parameters,
+    flag,
+    load_tokenizer,
+    model_max_length,
+)
 from worker.runners.graphs import GraphedPooling, graphable
 from worker.runners.operations import token_rows, unpooled
 from worker.runners.packing import Packer, packer_for
@@ -38,15 +45,7 @@ from worker.runners.phases import phase
 from worker.runners.pooling import SentenceHead, prompt_tokens, repadded, without_prompt
 from worker.runners.spec import InputError, InputKind, ModelSpec, Outputs
 from worker.runners.st_modules import SentenceModules, read_modules
-from worker.runners.text import (
-    TRUNCATION_PARAMETERS,
-    TextRunner,
-    check_parameters,
-    flag,
-    load_model,
-    load_tokenizer,
-    model_max_length,
-)
+from worker.runners.text import TextRunner, load_model
 from zbatch.protocol.vocabulary import DIMENSIONS, EMBED_ALL, NORMALIZE, PRECISION, PRECISIONS, PROMPT_NAME
 from zbatch.protocol.wire import shortened
 

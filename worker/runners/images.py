@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker.runners.classify import ScoreOptions, label_scores, top_k_of
+from worker.runners.encoding import check_parameters
 from worker.runners.spec import (
     InputError,
     InputKind,
@@ -44,7 +45,7 @@ from worker.runners.spec import (
     announced_labels,
     check_inputs,
 )
-from worker.runners.text import check_parameters, dtype_name
+from worker.runners.text import dtype_name
 from zbatch.protocol.vocabulary import OBJECT_DETECTION, THRESHOLD, TOP_K
 
 if TYPE_CHECKING:

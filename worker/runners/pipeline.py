@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worker.runners.encoding import model_max_length, tokenize_texts
 from worker.runners.spec import (
     InputError,
     ModelDetails,
@@ -27,7 +28,7 @@ from worker.runners.spec import (
     check_inputs,
     quoted_names,
 )
-from worker.runners.text import dtype_name, model_max_length, tokenize_texts
+from worker.runners.text import dtype_name
 from zbatch.protocol.vocabulary import EMBEDDINGS, IMAGE_TASKS, RERANK, TEXT_CLASSIFICATION
 
 if TYPE_CHECKING:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worker.runners.encoding import load_tokenizer, model_max_length
 from worker.runners.spec import InputKind, ModelSpec
-from worker.runners.text import TextRunner, load_model, load_tokenizer, model_max_length
+from worker.runners.text import TextRunner, load_model
 from zbatch.protocol.vocabulary import SPARSE_INDICES, SPARSE_VALUES
 
 if TYPE_CHECKING:

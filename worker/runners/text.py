@@ -1,4 +1,4 @@
-"""What the runners that tokenize text themselves share: truncation, token counts, ``tokenize``, length groups.
+"""What the runners that tokenize text themselves share: a batch encoded, planned in groups, and run.
 
 Theory of operation
 -------------------
@@ -35,26 +35,36 @@ steps that the worker can run on different threads (:mod:`worker.engine`):
 
 :meth:`~TextRunner.run` does the three in a row.
 
-The ``tokenize`` operation (:func:`tokenize_texts`) runs the tokenizer alone
-and answers TEI's ``/tokenize`` shape; the pipeline runner shares it.
-torch is imported inside the functions, so importing this module stays cheap.
+Truncation, encodings and their padding live in :mod:`worker.runners.encoding`,
+which the pipeline runner shares.  torch is imported inside the functions, so
+importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import operator
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from worker.runners import calibrations
+from worker.runners.encoding import (
+    TRUNCATION_PARAMETERS,
+    Encoding,
+    Truncation,
+    check_parameters,
+    concatenated,
+    pad_rows,
+    tokenize_texts,
+    truncation_of,
+    truncation_side,
+)
 from worker.runners.grouping import NEVER_SPLIT, CostModel, calibrate, plan_groups, within_budget
 from worker.runners.operations import decode_ids
 from worker.runners.packing import Packer, packed_groups
@@ -68,47 +78,20 @@ from worker.runners.spec import (
     ModelSpec,
     Outputs,
     check_inputs,
-    quoted_names,
 )
 from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
 from worker.runners.unpadded import PassTimings, packing_pays, timed_passes
 from zbatch.protocol.payloads import encode_without_offsets, tokenizer_fingerprint
 from zbatch.protocol.vocabulary import (
-    ADD_SPECIAL_TOKENS,
     PROMPT_NAME,
     TOKENIZE,
     TOKENIZED_BY,
     TOKENIZER,
     TRUNCATE,
-    TRUNCATION_DIRECTION,
 )
 from zbatch.protocol.wire import shortened
 
 log = logging.getLogger("zbatch.worker")
-TRUNCATION_PARAMETERS = frozenset({TRUNCATE, TRUNCATION_DIRECTION})
-TOKENIZE_PARAMETERS = frozenset({ADD_SPECIAL_TOKENS})
-DIRECTIONS = ("right", "left")
-FALLBACK_MAX_LENGTH = 512  # for a model that states no maximum anywhere
-UNKNOWN_LENGTH = 2**24  # tokenizers that do not know their maximum say 1e30
-
-
-@dataclass(frozen=True, slots=True)
-class Truncation:
-    enabled: bool = True
-    direction: str = "right"
-
-
-@dataclass(frozen=True, slots=True)
-class Encoding:
-    """One input as the model takes it, before padding: its row of each of the tokenizer's outputs but the
-    attention mask (``input_ids``, and ``token_type_ids`` for models that take them)."""
-
-    rows: dict[str, np.ndarray]
-
-    @property
-    def length(self) -> int:
-        """The input's tokens as the model runs them: truncated, special tokens included."""
-        return len(self.rows["input_ids"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,78 +107,8 @@ class Planned:
     packed: bool = False  # each group's rows concatenated into 1-D arrays (no attention mask)
 
 
-def check_parameters(parameters: dict[str, Any], accepted: frozenset[str], task: str) -> None:
-    unknown = sorted(set(parameters) - accepted)
-    if unknown:
-        raise InputError(f"unknown parameter(s) {quoted_names(unknown)} for {task}; use only "
-                         f"{quoted_names(sorted(accepted))}")
-
-
-def flag(parameters: dict[str, Any], name: str, default: bool) -> bool:
-    value = parameters.get(name, default)
-    if not isinstance(value, bool):
-        raise InputError(f"parameter {name!r} must be true or false, not {value!r}")
-    return value
-
-
-def truncation_of(parameters: dict[str, Any]) -> Truncation:
-    direction = parameters.get(TRUNCATION_DIRECTION, "right")
-    if direction not in DIRECTIONS:
-        raise InputError(f"parameter {TRUNCATION_DIRECTION!r} must be 'right' or 'left', not {direction!r}")
-    return Truncation(flag(parameters, TRUNCATE, True), str(direction))
-
-
-def model_max_length(tokenizer: Any, config: Any) -> int:
-    """The fewer of the tokenizer's and the position embeddings' maxima (RoBERTa has 2 positions spare)."""
-    stated = [tokenizer.model_max_length, getattr(config, "max_position_embeddings", None)]
-    known = [int(n) for n in stated if isinstance(n, int) and 0 < n < UNKNOWN_LENGTH]
-    if not known:
-        log.warning("the model states no maximum input length; inputs are truncated to %d tokens",
-                    FALLBACK_MAX_LENGTH)
-    return min(known, default=FALLBACK_MAX_LENGTH)
-
-
 def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-@contextlib.contextmanager
-def truncation_side(tokenizer: Any, side: str) -> Iterator[None]:
-    """Truncate on ``side`` within the block; the tokenizer takes it as an attribute, not an argument."""
-    previous = tokenizer.truncation_side
-    tokenizer.truncation_side = side
-    try:
-        yield
-    finally:
-        tokenizer.truncation_side = previous
-
-
-def tokenize_texts(tokenizer: Any, inputs: list[Any], parameters: dict[str, Any]) -> Outputs:
-    """Each text's tokens as TEI's ``/tokenize`` gives them: id, text, special, and character offsets.
-
-    A special token's ``text`` is the token itself and its offsets are nil;
-    any other token's ``text`` is the piece of the input it stands for.
-    """
-    check_inputs(inputs, InputKind.TEXT, repr(TOKENIZE))
-    check_parameters(parameters, TOKENIZE_PARAMETERS, repr(TOKENIZE))
-    if not tokenizer.is_fast:
-        raise InputError("this model's tokenizer gives no character offsets (it is not a fast tokenizer), "
-                         f"which {TOKENIZE!r} needs")
-    encoded = tokenizer(inputs, add_special_tokens=flag(parameters, ADD_SPECIAL_TOKENS, True),
-                        return_offsets_mapping=True, return_special_tokens_mask=True)
-    outputs = []
-    for index, text in enumerate(inputs):
-        tokens = []
-        for token_id, token, special, (start, stop) in zip(
-                encoded["input_ids"][index], encoded.tokens(index), encoded["special_tokens_mask"][index],
-                encoded["offset_mapping"][index], strict=True):
-            if special:
-                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
-            else:
-                tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start,
-                               "stop": stop})
-        outputs.append(tokens)
-    return Outputs(outputs, [len(tokens) for tokens in outputs])
 
 
 class TextRunner:
@@ -376,7 +289,7 @@ class TextRunner:
             groups = packed_groups(runnable, tokens, self._packed_cap)
             modelled = (sum(self.cost_model.packed_seconds([tokens[i] for i in group]) for group in groups)
                         if len(runnable) > 1 else 0.0)
-            packed = [(group, _concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
+            packed = [(group, concatenated([encodings[i] for i in group])) for group in groups]  # type: ignore[misc]
             return Planned(packed, outputs, tokens, options, modelled, packed=True)
         if self.buckets is not None:  # padding costs little here, a new shape much: one group, in its bucket
             groups = within_budget([runnable] if runnable else [], tokens, self.spec.max_batch_tokens,
@@ -524,7 +437,7 @@ class TextRunner:
         (sample,) = self.encode([self.warm_up_input], {})
         assert isinstance(sample, Encoding)
         encodings = [Encoding({key: np.resize(values, length) for key, values in sample.rows.items()})] * rows
-        arrays = (_concatenated(encodings) if packed
+        arrays = (concatenated(encodings) if packed
                   else pad_rows(encodings, length, dict.fromkeys(sample.rows, 0), False))
         return Planned([(list(range(rows)), arrays)], [None] * rows, [length] * rows, self._options({}), 0.0,
                        packed=packed)
@@ -547,14 +460,6 @@ class TextRunner:
         return time.perf_counter() - started
 
 
-def load_tokenizer(spec: ModelSpec) -> Any:
-    """The model's fast tokenizer (a phase of the start: :mod:`worker.runners.phases`)."""
-    with phase("tokenizer"):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(spec.path, use_fast=True, **spec.pretrained)
-
-
 def load_model(auto_class: str, spec: ModelSpec, device: str, dtype: Any) -> Any:
     """The transformers model by ``auto_class`` (``AutoModel``, ...) on ``device`` in ``dtype``, in eval mode; its
     modeling code's import included, which costs more than a small model's weights."""
@@ -574,18 +479,6 @@ def prompts_of(spec: ModelSpec, takes_prompts: bool) -> Prompts:
     return Prompts()
 
 
-def pad_rows(encodings: Sequence[Encoding], length: int, pads: dict[str, int], left: bool) -> dict[str, np.ndarray]:
-    """Each encoding's rows padded to ``length`` with ``pads`` (on the left if ``left``), and the attention mask."""
-    arrays = {key: np.full((len(encodings), length), pad, dtype=np.int64) for key, pad in pads.items()}
-    mask = np.zeros((len(encodings), length), dtype=np.int64)
-    for row, each in enumerate(encodings):
-        span = slice(length - each.length, length) if left else slice(0, each.length)
-        for key, values in each.rows.items():
-            arrays[key][row, span] = values
-        mask[row, span] = 1
-    return {**arrays, "attention_mask": mask}
-
-
 def _to_device(tensor: Any, device: str) -> Any:
     """``tensor`` on ``device``; to an accelerator from pinned memory, without waiting for the copy (the model's
     kernels queue behind it on the same stream)."""
@@ -599,12 +492,6 @@ def _tighter(cap: int | None, budget: int) -> int | None:
     if not budget:
         return cap
     return budget if cap is None else min(cap, budget)
-
-
-def _concatenated(encodings: list[Encoding]) -> dict[str, np.ndarray]:
-    """A packed group's arrays: each of the tokenizer's rows concatenated in order, and each input's length."""
-    arrays = {key: np.concatenate([each.rows[key] for each in encodings]) for key in encodings[0].rows}
-    return {**arrays, "lengths": np.asarray([each.length for each in encodings], dtype=np.int64)}
 
 
 def _texts(inputs: list[Any]) -> list[Any]:
