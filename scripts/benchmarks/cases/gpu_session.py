@@ -13,7 +13,10 @@
 5. **unpadded**: the base-size shape at 64 clients of 32 texts over HTTP, with ``--unpadded-attention`` off
    (batches padded to their graphed buckets) and auto (each batch packed where warm-up's timings say it wins);
 6. **edge**: the bundled model at 512 HTTP clients of one text and 64 of 32, with the gateways' ``edge_tokenize``
-   off (the shipped default: workers tokenize) and on (gateway processes tokenize, ids travel).
+   off (workers tokenize) and on (gateway processes tokenize, ids travel: ``zbatch serve``'s choice with GPUs);
+7. **workers**: the base-size shape at 64 HTTP clients of 32 texts and 512 of one, with each of
+   :data:`WORKERS_PER_GPU` workers on the GPU: once the gateway tokenizes, the GPU is the bound, and fewer
+   processes time-slicing it may each run larger batches.
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself, and the results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
@@ -54,8 +57,10 @@ GPU_CHAOS = ChaosPlan(256, 75.0, 5.0, 12.0, ("worker-0", "worker-1", "broker-0",
 QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
-STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0}
+STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0,
+                 "workers": 150.0}
 SHAPED = "shaped"
+WORKERS_PER_GPU = (1, 2, 4)  # the last is zbatch serve's choice on a 16-core host
 
 
 class Session:
@@ -180,6 +185,22 @@ async def edge_step(session: Session, path: str, name: str) -> None:
                 session.save()
 
 
+async def workers_step(session: Session, folder: Path, shape: Shape) -> None:
+    """Workers per GPU for a model whose batches the GPU, not the workers' CPU side, sets the pace of."""
+    tokens = await asyncio.to_thread(mean_tokens, str(folder), sentences())
+    loads = ((4, 8), (8, 1)) if session.quick else ((64, 32), (512, 1))
+    for count in (1, 2) if session.quick else WORKERS_PER_GPU:
+        args = ("--workers", str(count)) if session.quick else ("--workers-per-gpu", str(count))
+        with Daemons() as daemons:
+            served = await serve(daemons, str(folder), SHAPED, f"workers-{count}", *args,
+                                 env=shaped_env(session.quick))
+            for clients, texts in loads:
+                result = await session.load("http", served.target("http"), SHAPED, clients, texts)
+                session.rows.append(row("rates", f"{shape.name}, HTTP, {texts} a request, {count} worker(s) per GPU",
+                                        clients, with_tokens(result, tokens), startup_s=served.startup_s))
+                session.save()
+
+
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
     """One step within its time limit; a failure is noted and the next step runs."""
     procs.log(f"gpu session: {name}")
@@ -247,6 +268,7 @@ async def main(out: Path, quick: bool, steps: list[str]) -> None:
         "fronts": lambda: fronts_step(session, path, name),
         "unpadded": lambda: unpadded_step(session, folders[shapes[-1]], shapes[-1]),
         "edge": lambda: edge_step(session, path, name),
+        "workers": lambda: workers_step(session, folders[shapes[-1]], shapes[-1]),
     }
     for each in steps:
         await step(session, each, work[each])
