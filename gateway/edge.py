@@ -125,8 +125,13 @@ async def _fetched(client: AsyncClient, model: str, fingerprint: str) -> str:
 
 
 def _loaded(serialized: str) -> Any:
-    """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one."""
-    from tokenizers import Tokenizer
+    """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one, or if
+    the ``tokenizers`` package cannot be imported here (a failed fetch, retried after :data:`RETRY_S`)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ValueError(f"the tokenizers package cannot be imported here ({exc}); install it "
+                         "(pip install tokenizers) or turn edge_tokenize off") from None
 
     try:
         tokenizer = Tokenizer.from_str(serialized)

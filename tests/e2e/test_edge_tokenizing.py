@@ -6,6 +6,7 @@ tokenizer are not believed, and every request is answered."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from zbatch import AsyncClient
 from zbatch.protocol import payloads
 from zbatch.protocol.messages import Reply
 from zbatch.protocol.wire import Status
-from zbatch.testing import start_http
+from zbatch.testing import daemon_env, start_http
 
 MODEL = DEFAULT_MODEL_NAME
 FETCHED = "texts are tokenized in the gateway from now on"  # gateway/edge.py's log lines
@@ -47,10 +48,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Daemon
         for name, edge in (("edge", True), ("plain", False)):  # a log file each
             daemons[name] = start_http("gateway", name, log_dir, frontend=broker.frontend, processes=1,
                                        edge_tokenize=edge)
+        daemons["no-tokenizers"] = start_http("gateway", "no-tokenizers", log_dir, frontend=broker.frontend,
+                                              processes=1, edge_tokenize=True, env=without_tokenizers(log_dir))
         yield daemons
     finally:
         for daemon in reversed(daemons.values()):
             daemon.stop()
+
+
+def without_tokenizers(folder: Path) -> dict[str, str]:
+    """An environment where ``import tokenizers`` fails, as on a gateway host installed without the package: a FAKE
+    ``tokenizers`` first on the path that raises ImportError (uninstalling the real one would touch the suite's
+    environment)."""
+    fake = folder / "no-tokenizers" / "tokenizers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('FAKE: no tokenizers package on this host')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(fake.parent), daemon_env()["PYTHONPATH"]])}
 
 
 def embeddings(gateway: Daemon, model: str, texts: list[str], **parameters: Any) -> tuple[np.ndarray, int]:
@@ -107,6 +120,20 @@ def test_a_gateway_with_the_setting_off_never_fetches_a_tokenizer(stack: dict[st
     for _ in range(20):
         embeddings(gateway, MODEL, TEXTS[:2])
     assert FETCHED not in gateway.log(ALL_LINES) and NOT_FETCHED not in gateway.log(ALL_LINES)
+
+
+def test_a_gateway_that_cannot_import_tokenizers_asks_once_says_why_and_sends_texts(
+        stack: dict[str, Daemon]) -> None:
+    """Each request would otherwise start a fetch of the whole tokenizer from the worker, and fail it."""
+    gateway, broker = stack["no-tokenizers"], stack["broker"]
+    wait_for_line(gateway, MODEL, f"model {MODEL}: its tokenizer")
+    for _ in range(10):
+        got, tokens = embeddings(gateway, MODEL, TEXTS)
+    want, want_tokens = as_texts(broker, MODEL, TEXTS)
+    assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
+    log = gateway.log(ALL_LINES)
+    assert log.count(NOT_FETCHED) == 1 and "the tokenizers package cannot be imported here" in log, log[-3000:]
+    assert FETCHED not in log and "Task exception was never retrieved" not in log
 
 
 def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(stack: dict[str, Daemon]) -> None:
