@@ -65,13 +65,15 @@ class EdgeTokenizers:
         self._ready: dict[str, Any] = {}  # fingerprint → tokenizers.Tokenizer
         self._fetches: dict[str, asyncio.Task[None]] = {}
         self._retry_at: dict[str, float] = {}
+        self._unavailable = ""  # why this process cannot tokenize at all (no tokenizers package): never fetch
 
     def tokenized(self, client: AsyncClient, model: str, fingerprint: str | None, inputs: list[Any],
                   parameters: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
         """``inputs`` as token ids and ``parameters`` naming their tokenizer, or None: send them as they are.
 
         ``fingerprint``: the tokenizer the model's workers announce (None or "": none)."""
-        if not fingerprint or PROMPT_NAME in parameters or not all(type(item) is str for item in inputs):
+        if (not fingerprint or self._unavailable or PROMPT_NAME in parameters
+                or not all(type(item) is str for item in inputs)):
             return None
         if sum(len(item) for item in inputs) > MAX_EDGE_CHARS:
             return None
@@ -91,8 +93,15 @@ class EdgeTokenizers:
 
     async def _fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
         try:
+            tokenizer_class = await asyncio.to_thread(_tokenizer_class)
+        except ImportError as exc:  # before any fetch: a tokenizer this process cannot load is not worth one
+            self._unavailable = str(exc)
+            log.warning("texts go to the workers as texts: the tokenizers package cannot be imported here (%s); "
+                        "install it (pip install tokenizers) or turn edge_tokenize off", exc)
+            return
+        try:
             serialized = await _fetched(client, model, fingerprint)
-            tokenizer = await asyncio.to_thread(_loaded, serialized)
+            tokenizer = await asyncio.to_thread(_loaded, tokenizer_class, serialized)
         except (ZBatchError, ValueError) as exc:
             self._retry_at[fingerprint] = self._clock() + RETRY_S
             log.warning("model %s: its tokenizer %s could not be fetched (%s); its texts go to the workers as "
@@ -124,17 +133,17 @@ async def _fetched(client: AsyncClient, model: str, fingerprint: str) -> str:
     return serialized
 
 
-def _loaded(serialized: str) -> Any:
-    """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one, or if
-    the ``tokenizers`` package cannot be imported here (a failed fetch, retried after :data:`RETRY_S`)."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ValueError(f"the tokenizers package cannot be imported here ({exc}); install it "
-                         "(pip install tokenizers) or turn edge_tokenize off") from None
+def _tokenizer_class() -> Any:
+    """``tokenizers.Tokenizer``; ImportError where the package is missing (a gateway host installed without it)."""
+    from tokenizers import Tokenizer
 
+    return Tokenizer
+
+
+def _loaded(tokenizer_class: Any, serialized: str) -> Any:
+    """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one."""
     try:
-        tokenizer = Tokenizer.from_str(serialized)
+        tokenizer = tokenizer_class.from_str(serialized)
     except Exception as exc:  # the library raises plain Exception for a JSON it cannot read
         raise ValueError(f"the tokenizer cannot be read ({str(exc)[:200]})") from None
     tokenizer.no_truncation()
