@@ -155,12 +155,24 @@ def test_on_gpus_the_gateway_processes_tokenize_unless_the_gateways_own_setting_
     assert on_gpus[on_gpus.index("--edge-tokenize") + 1] == "true"
     assert gateway_config.load_config(on_gpus[on_gpus.index("--host"):], {}).edge_tokenize
     assert "--edge-tokenize" not in gateway_argv(NO_GPUS)
-    assert "--edge-tokenize" not in gateway_argv(ONE_GPU | {"ZBATCH_EDGE_TOKENIZE": "false"})
-    table = tmp_path / "zbatch.toml"
-    table.write_text("[gateway]\nedge_tokenize = false\n")
-    argv = gateway_argv(ONE_GPU, str(table))
-    assert "--edge-tokenize" not in argv
-    assert not gateway_config.load_config(argv[argv.index("--host"):], {"ZBATCH_CONFIG": str(table)}).edge_tokenize
+    for value in ("false", "true"):
+        assert "--edge-tokenize" not in gateway_argv(ONE_GPU | {"ZBATCH_EDGE_TOKENIZE": value})
+        table = tmp_path / f"zbatch-{value}.toml"
+        table.write_text(f"[gateway]\nedge_tokenize = {value}\n")
+        for argv in (gateway_argv(ONE_GPU, str(table)), gateway_argv(ONE_GPU | {"ZBATCH_CONFIG": str(table)})):
+            assert "--edge-tokenize" not in argv
+            read = gateway_config.load_config(argv[argv.index("--host"):], {"ZBATCH_CONFIG": str(table)})
+            assert read.edge_tokenize is (value == "true")
+
+
+def test_the_log_says_where_texts_are_tokenized_and_who_chose() -> None:
+    def said(environ: dict[str, str]) -> str:
+        placement = stack.place(load_config([], {}), environ, cores=CORES_FOR_MORE_BROKERS)
+        return stack.build(load_config([], {}), environ, placement=placement).tokenizing
+
+    assert said(ONE_GPU) == "texts tokenized in the gateway processes, for workers on GPUs"
+    assert said(NO_GPUS) == "texts tokenized in the workers"
+    assert "setting says" in said(ONE_GPU | {"ZBATCH_EDGE_TOKENIZE": "false"})
 
 
 def test_zbatch_serve_help_says_how_the_fronts_are_chosen() -> None:

@@ -27,7 +27,9 @@ chooses from the host:
   (its variable or its table), that stands (:mod:`zbatch.supervisor.stack`).
 
 The constants come from a measurement of these layouts on a GPU host
-(BENCHMARKS.md, "One H200, 2026-11-27"), whose figures stay there.
+(BENCHMARKS.md, "One H200, 2026-11-27 (issues 38 and 41)"), and the gateway's
+tokenizing from the next ("One H200, 2026-11-27, second lease"); the figures
+stay there.
 """
 
 from __future__ import annotations
@@ -64,9 +66,8 @@ def front_layout(cores: int, gpus: int) -> FrontLayout:
     plural = "" if gpus == 1 else "s"
     return FrontLayout(brokers, processes,
                        f"a host of {cores} cores and {gpus} GPU{plural}: {GPU_HOST_BROKERS} brokers from "
-                       f"{CORES_FOR_MORE_BROKERS} cores, a gateway process for every "
-                       f"{CORES_PER_GATEWAY_PROCESS} cores, at most {MAX_GATEWAY_PROCESSES}, and texts tokenized "
-                       "in the gateway processes", edge_tokenize=True)
+                       f"{CORES_FOR_MORE_BROKERS} cores, and a gateway process for every "
+                       f"{CORES_PER_GATEWAY_PROCESS} cores, at most {MAX_GATEWAY_PROCESSES}", edge_tokenize=True)
 
 
 @dataclass(frozen=True)

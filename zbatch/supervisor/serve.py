@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     shell = Shell("zbatch-serve", supervision, stack.programs, log,
                   stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
                   serving=lambda: serving_line(config, placement))
-    log.info("starting %s and the gateway on port %d; fronts: %s; SIGTERM or Ctrl-C stops them",
-             started(placement), config.port, placement.fronts.describe())
+    log.info("starting %s and the gateway on port %d; fronts: %s; %s; SIGTERM or Ctrl-C stops them",
+             started(placement), config.port, placement.fronts.describe(), stack.tokenizing)
     sys.exit(asyncio.run(shell.run()))
 
 

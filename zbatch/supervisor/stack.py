@@ -40,6 +40,7 @@ GATEWAY_TIMEOUT_MS = 30_000  # gateway/config.py: timeout_ms; the gateway drains
 class Stack:
     units: list[Unit]
     programs: dict[str, Program]
+    tokenizing: str = ""  # where texts are tokenized, and who chose: for the log
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,21 @@ def build(config: ServeConfig, environ: Mapping[str, str], config_file: str | No
     served = served_name(config)
     explicit = daemon_text("gateway", "default_model", environ, config_file)
     default = ("--default-model", served) if served and not explicit else ()
-    edge = (("--edge-tokenize", "true") if fronts.edge_tokenize
-            and _daemon_raw("gateway", "edge_tokenize", environ, config_file) is None else ())
+    edge, tokenizing = edge_tokenizing(fronts, environ, config_file)
     programs["gateway"] = Program(_module("gateway", "--host", config.host, "--port", str(config.port),
                                           "--frontend", fronts.frontends, "--processes",
                                           str(fronts.gateway_processes), *default, *edge), env)
-    return Stack(units, programs)
+    return Stack(units, programs, tokenizing)
+
+
+def edge_tokenizing(fronts: Fronts, environ: Mapping[str, str], config_file: str | None) -> tuple[list[str], str]:
+    """The gateway's flags for the layout's ``edge_tokenize`` (none where the gateway's own setting is set), and
+    where texts are tokenized, in words for the log."""
+    if _daemon_raw("gateway", "edge_tokenize", environ, config_file) is not None:
+        return [], "texts tokenized where the gateway's edge_tokenize setting says"
+    if fronts.edge_tokenize:
+        return ["--edge-tokenize", "true"], "texts tokenized in the gateway processes, for workers on GPUs"
+    return [], "texts tokenized in the workers"
 
 
 def model_flags(config: ServeConfig, fetched: Fetched | None) -> list[str]:
