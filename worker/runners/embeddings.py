@@ -18,7 +18,7 @@ Parameters: ``normalize`` (default: as the model declares; true for a model
 that declares nothing), ``dimensions`` (keep the first N numbers,
 re-normalised when ``normalize``: what Matryoshka-trained models are made
 for), ``precision`` (``float32``, or ``float16``: half the bytes), truncation
-(:mod:`worker.runners.text`) and ``prompt_name`` (:mod:`worker.runners.prompts`).
+(:mod:`worker.runners.encoding`) and ``prompt_name`` (:mod:`worker.runners.prompts`).
 The ``embed_all`` operation answers each token's vector instead
 (:mod:`worker.runners.operations`).
 """

@@ -398,7 +398,8 @@ class TextRunner:
         raise NotImplementedError
 
     def _forward_packed(self, encoded: Any, options: Any) -> list[Any]:
-        """One output per input of a packed group (:func:`_concatenated`); for a subclass that sets a packer."""
+        """One output per input of a packed group (:func:`~worker.runners.encoding.concatenated`); for a subclass
+        that sets a packer."""
         raise NotImplementedError
 
     def _groups(self, runnable: list[int], lengths: Sequence[int]) -> tuple[list[list[int]], float]:

@@ -18,7 +18,9 @@
    :data:`WORKERS_PER_GPU` workers on the GPU: once the gateway tokenizes, the GPU is the bound, and fewer
    processes time-slicing it may each run larger batches.
 
-Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself, and the results
+Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself; together they
+exceed one device call's 600 s, so run them in two calls (``--steps chaos,start,rates,fronts``, then
+``--steps unpadded,edge,workers``) or choose the steps a lease needs.  The results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
 ``--quick`` runs every step in a short form on the CPU, to test the script before device time is spent on it.
 """
