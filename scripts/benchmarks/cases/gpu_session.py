@@ -159,48 +159,46 @@ async def fronts_step(session: Session, path: str, name: str) -> None:
                 session.save()
 
 
+Variant = tuple[str, str, tuple[str, ...], dict[str, str]]  # (what the row adds, layout name, flags, environment)
+
+
+async def compared(session: Session, path: str, model: str, label: str, variants: list[Variant],
+                   loads: tuple[tuple[int, int], ...]) -> None:
+    """Each variant on a fresh ``zbatch serve`` of the model at ``path``, under each (clients, texts) load over HTTP:
+    a row each, saved as it comes."""
+    tokens = await asyncio.to_thread(mean_tokens, path, sentences())
+    for what, layout, args, env in variants:
+        with Daemons() as daemons:
+            served = await serve(daemons, path, model, layout, *args, env=env)
+            for clients, texts in loads:
+                result = await session.load("http", served.target("http"), model, clients, texts)
+                session.rows.append(row("rates", f"{label}, HTTP, {texts} a request, {what}", clients,
+                                        with_tokens(result, tokens), startup_s=served.startup_s))
+                session.save()
+
+
 async def unpadded_step(session: Session, folder: Path, shape: Shape) -> None:
     """Padded (graphed) batches against packed ones where they win, on a model where the GPU is the bound."""
-    tokens = await asyncio.to_thread(mean_tokens, str(folder), sentences())
-    clients, texts = (4, 8) if session.quick else (64, 32)
-    for setting in ("off", "auto"):
-        env = shaped_env(session.quick) | {"ZBATCH_UNPADDED_ATTENTION": setting}
-        with Daemons() as daemons:
-            served = await serve(daemons, str(folder), SHAPED, f"unpadded-{setting}", env=env)
-            result = await session.load("http", served.target("http"), SHAPED, clients, texts)
-            session.rows.append(row("rates", f"{shape.name}, HTTP, {texts} a request, unpadded attention {setting}",
-                                    clients, with_tokens(result, tokens), startup_s=served.startup_s))
-            session.save()
+    variants: list[Variant] = [(f"unpadded attention {setting}", f"unpadded-{setting}", (),
+                                shaped_env(session.quick) | {"ZBATCH_UNPADDED_ATTENTION": setting})
+                               for setting in ("off", "auto")]
+    await compared(session, str(folder), SHAPED, shape.name, variants, ((4, 8),) if session.quick else ((64, 32),))
 
 
 async def edge_step(session: Session, path: str, name: str) -> None:
-    """Tokenizing in the workers (shipped) against tokenizing in the gateway processes, on the same host."""
-    tokens = await asyncio.to_thread(mean_tokens, path, sentences())
-    loads = ((8, 1), (4, 8)) if session.quick else ((512, 1), (64, 32))
-    for setting in ("false", "true"):
-        with Daemons() as daemons:
-            served = await serve(daemons, path, name, f"edge-{setting}", env={"ZBATCH_EDGE_TOKENIZE": setting})
-            for clients, texts in loads:
-                result = await session.load("http", served.target("http"), name, clients, texts)
-                session.rows.append(row("rates", f"{name}, HTTP, {texts} a request, edge_tokenize {setting}",
-                                        clients, with_tokens(result, tokens)))
-                session.save()
+    """Tokenizing in the workers against tokenizing in the gateway processes, on the same host."""
+    variants: list[Variant] = [(f"edge_tokenize {setting}", f"edge-{setting}", (), {"ZBATCH_EDGE_TOKENIZE": setting})
+                               for setting in ("false", "true")]
+    await compared(session, path, name, name, variants, ((8, 1), (4, 8)) if session.quick else ((512, 1), (64, 32)))
 
 
 async def workers_step(session: Session, folder: Path, shape: Shape) -> None:
     """Workers per GPU for a model whose batches the GPU, not the workers' CPU side, sets the pace of."""
-    tokens = await asyncio.to_thread(mean_tokens, str(folder), sentences())
-    loads = ((4, 8), (8, 1)) if session.quick else ((64, 32), (512, 1))
-    for count in (1, 2) if session.quick else WORKERS_PER_GPU:
-        args = ("--workers", str(count)) if session.quick else ("--workers-per-gpu", str(count))
-        with Daemons() as daemons:
-            served = await serve(daemons, str(folder), SHAPED, f"workers-{count}", *args,
-                                 env=shaped_env(session.quick))
-            for clients, texts in loads:
-                result = await session.load("http", served.target("http"), SHAPED, clients, texts)
-                session.rows.append(row("rates", f"{shape.name}, HTTP, {texts} a request, {count} worker(s) per GPU",
-                                        clients, with_tokens(result, tokens), startup_s=served.startup_s))
-                session.save()
+    flag = "--workers" if session.quick else "--workers-per-gpu"
+    variants: list[Variant] = [(f"{count} worker(s) per GPU", f"workers-{count}", (flag, str(count)),
+                                shaped_env(session.quick)) for count in ((1, 2) if session.quick else WORKERS_PER_GPU)]
+    await compared(session, str(folder), SHAPED, shape.name, variants,
+                   ((4, 8), (8, 1)) if session.quick else ((64, 32), (512, 1)))
 
 
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
