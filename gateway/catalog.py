@@ -1,15 +1,9 @@
-"""What the gateway knows of each model: its task and READY's details, from the brokers' STATS, kept briefly.
+"""What the gateway knows of each model (:class:`zbatch.client.catalog.ModelCatalog`), and its default model.
 
 The dialects need a model's task (to refuse a route it cannot answer, to
 read a JSON string as text or as a base64 image) and its details (TEI's
-``/info``, KServe's metadata, OpenAI's model list).  Asking the brokers on
-every request would add a round trip to the hot path, so :class:`Catalog`
-keeps the last answer: a known model is looked up in a dict, and once the
-answer is older than :data:`FRESH_S` one refresh starts in the background
-while requests go on with what is known.  Only a model not in the catalog
-waits for a refresh (for at most :data:`MISS_WAIT_S`), at most one every
-:data:`RETRY_S`, so a flood of requests for unknown names costs the brokers
-one STATS per interval.
+``/info``, KServe's metadata, OpenAI's model list): the catalog keeps the
+brokers' last STATS answer, refreshed in the background.
 
 It also gives the default model of a gateway whose settings name none
 (``default_model``, else the first of ``models``): the one model a worker
@@ -20,135 +14,48 @@ set.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from gateway.appkeys import CLIENT
 from gateway.config import GatewayConfig
-from gateway.edge import EdgeTokenizers
 from gateway.errors import ApiError
-from zbatch.client import AsyncClient, ZBatchError
+from zbatch.client import AsyncClient
+from zbatch.client.catalog import FRESH_S, RETRY_S, ModelCatalog, ModelInfo, models_of
 from zbatch.client.stats import merge_stats
+from zbatch.client.tokenizing import Tokenizers
 from zbatch.protocol.vocabulary import EMBEDDINGS
 
-FRESH_S = 2.0  # a catalog older than this is refreshed in the background
-RETRY_S = 0.5  # an unknown model waits for a refresh at most this often
-MISS_WAIT_S = 0.25  # and for at most this long: a hung broker must not hold requests up
-STATS_TIMEOUT_MS = 1000
+__all__ = ["CATALOG", "FRESH_S", "RETRY_S", "Catalog", "ModelInfo", "default_model", "fleet_stats", "followed_config",
+           "followed_default", "models_of", "readiness", "served_models", "worker_count"]
 
 
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """One model as the brokers see it: how many workers serve it, and what its newest worker said of it.
-
-    Every detail is None when unknown (no worker yet, or a worker that did not say).
-    """
-
-    name: str
-    workers: int
-    task: str | None = None
-    max_batch_size: int | None = None
-    max_length: int | None = None
-    dimensions: int | None = None
-    dtype: str | None = None
-    labels: tuple[str, ...] | None = None
-    tokenizer: str | None = None  # the fingerprint of the tokenizer the gateway may tokenize with (gateway.edge)
-    max_batch_tokens: int | None = None  # most tokens one forward pass runs, where the worker bounds it
-
-    @classmethod
-    def from_stats(cls, name: str, figures: Mapping[str, Any]) -> ModelInfo:
-        """From one model's figures in a STATS answer (PROTOCOL.md 3.6): its ``workers`` and ``info``."""
-        info = figures.get("info") or {}
-        labels = info.get("labels")
-        return cls(name, int(figures.get("workers", 0)), info.get("task"), info.get("max_batch_size"),
-                   info.get("max_length"), info.get("dimensions"), info.get("dtype"),
-                   tuple(labels) if isinstance(labels, list) else None, info.get("tokenizer"),
-                   info.get("max_batch_tokens"))
-
-
-def models_of(stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
-    """Every model of a (merged) STATS answer."""
-    return {name: ModelInfo.from_stats(name, figures) for name, figures in stats.get("models", {}).items()}
-
-
-class Catalog:
-    """The models of the last STATS answer, refreshed as described in the module's docstring."""
+class Catalog(ModelCatalog):
+    """The brokers' models as :class:`ModelCatalog` keeps them, the tokenizers fetched for them, the default model."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._models: dict[str, ModelInfo] = {}
-        self._taken_at = -math.inf
-        self._failure: ZBatchError | None = None  # why the last refresh got no answer, if it did not
-        self._refresh: asyncio.Task[None] | None = None
-        self.tokenizers = EdgeTokenizers(clock)
-
-    def update(self, stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
-        """Take a fresh STATS answer (the model list handlers ask for one anyway); returns its models."""
-        self._models = models_of(stats)
-        self._taken_at = self._clock()
-        self._failure = None
-        return self._models
-
-    async def lookup(self, client: AsyncClient, model: str) -> ModelInfo | None:
-        """``model``'s info: at once if known; else after a refresh, unless one ran within RETRY_S."""
-        info = self._models.get(model)
-        age = self._clock() - self._taken_at
-        if info is not None:
-            if age > FRESH_S:
-                self._start_refresh(client)
-            return info
-        if age > RETRY_S:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._start_refresh(client)), MISS_WAIT_S)
-            return self._models.get(model)
-        return None
-
-    def known(self, client: AsyncClient, model: str) -> ModelInfo | None:
-        """``model``'s info if known, never waiting (a stale catalog starts its refresh, as :meth:`lookup` does)."""
-        if self._clock() - self._taken_at > FRESH_S:
-            self._start_refresh(client)
-        return self._models.get(model)
+        super().__init__(clock)
+        self.tokenizers = Tokenizers(clock)
 
     async def default_model(self, client: AsyncClient) -> str:
         """The model a request that names none goes to where the settings name no default: the one model a worker
         serves (:func:`followed_default`).  Known models answer at once; with none known, a refresh is awaited
         as for an unknown model."""
-        age = self._clock() - self._taken_at
-        if not served_models(self._models) and age > RETRY_S:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._start_refresh(client)), MISS_WAIT_S)
-        elif age > FRESH_S:
-            self._start_refresh(client)
+        if not served_models(self._models) and self.age > RETRY_S:
+            await self.wait_for_refresh(client)
+        elif self.age > FRESH_S:
+            self.start_refresh(client)
         if self._failure is not None and not served_models(self._models):
             raise self._failure  # no broker answers: that, rather than "no worker"
         return followed_default(self._models)
 
-    def _start_refresh(self, client: AsyncClient) -> asyncio.Task[None]:
-        if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.get_running_loop().create_task(self._fetch(client))
-        return self._refresh
-
-    async def _fetch(self, client: AsyncClient) -> None:
-        try:
-            self.update(merge_stats(await client.stats_by_broker(timeout_ms=STATS_TIMEOUT_MS)))
-        except ZBatchError as exc:
-            self._taken_at = self._clock()  # no broker answered: keep what is known, ask again later
-            self._failure = exc
-
     async def close(self) -> None:
         """Cancel a refresh and tokenizer fetches in flight (the application is shutting down)."""
-        if self._refresh is not None and not self._refresh.done():
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+        await super().close()
         await self.tokenizers.close()
 
 

@@ -61,9 +61,9 @@ class GatewayConfig:
     heartbeat_liveness: int = option(3, "missed intervals before a broker is given up and its requests move "
                                         "to another (with several brokers)", minimum=1)
     edge_tokenize: bool = option(False, "tokenize texts here for a model whose workers announce their tokenizer, "
-                                 "and send token ids (gateway/edge.py), taking that work off the workers: set it "
-                                 "in front of GPU workers (zbatch serve does where its workers run on GPUs); off: "
-                                 "texts go to the workers (on a 2-core host it cost more CPU than it saved)")
+                                 "and send token ids (zbatch/client/tokenizing.py), taking that work off the workers: "
+                                 "set it in front of GPU workers (zbatch serve does where its workers run on GPUs); "
+                                 "off: texts go to the workers (on a 2-core host it cost more CPU than it saved)")
     max_body_bytes: int = option(1048576, "largest request body accepted", minimum=1)
     max_inputs: int = option(256, "most inputs in one request (413 too_many_inputs)", minimum=1)
     max_input_chars: int = option(100_000, "most characters in one input (400 input_too_long)", minimum=1)

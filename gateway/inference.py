@@ -12,8 +12,8 @@ caller is billed on: every dialect answers them where it has a place (OpenAI's
 ``usage``, TEI's ``x-compute-tokens``) and always in the ``X-Tokens`` header
 (:func:`token_headers`).
 
-Where the model's workers announce a tokenizer, texts leave as token ids
-(:mod:`gateway.edge`).  The payload is encoded once and the reply decoded once, as
+With ``edge_tokenize`` on, where the model's workers announce a tokenizer, texts leave as token ids
+(:mod:`zbatch.client.tokenizing`).  The payload is encoded once and the reply decoded once, as
 :meth:`zbatch.client.AsyncClient.infer` does, but keeping ``tokens``.
 """
 
@@ -32,6 +32,7 @@ from gateway.metrics import MODEL
 from gateway.parsing import check_limits, request_priority, request_timeout_ms
 from gateway.tracing import REQUEST_ID
 from zbatch.client import AsyncClient, BadRequest, WorkerError, raise_for_status
+from zbatch.client.tokenizing import Send, send_tokenized
 from zbatch.protocol import payloads, vocabulary, wire
 from zbatch.protocol.vocabulary import RUN
 
@@ -94,21 +95,12 @@ async def run(
     """
     check_limits(call.config, model, len(inputs), inputs if texts is None else texts)
     call.noted(model)
+    send = _sender(call, model, operation)
     if operation == RUN and call.config.edge_tokenize:
-        info = call.catalog.known(call.client, model)
-        fingerprint = None if info is None else info.tokenizer
-        tokenized = call.catalog.tokenizers.tokenized(call.client, model, fingerprint, inputs, parameters)
-        if tokenized is not None:
-            inputs, parameters = tokenized
-    body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
-    if operation != RUN:
-        body[vocabulary.OPERATION] = operation
-    try:
-        payload = payloads.encode_payload(body)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-    reply = await call.client.request(model, payload, items=len(inputs), timeout_ms=call.timeout_ms,
-                                      priority=call.priority, trace=call.request_id)
+        reply = await send_tokenized(call.catalog.tokenizers, call.catalog, call.client, model, inputs, parameters,
+                                     send)
+    else:
+        reply = await send(inputs, parameters)
     raise_for_status(reply)
     try:
         answer = payloads.decode_payload(reply.payload)
@@ -121,6 +113,23 @@ async def run(
     if not (isinstance(tokens, list) and len(tokens) == len(inputs) and all(type(t) is int for t in tokens)):
         tokens = None
     return Result(outputs, tokens)
+
+
+def _sender(call: Call, model: str, operation: str) -> Send:
+    """What sends one form of a request's inputs (texts, or the ids they became) to ``model`` for ``call``."""
+
+    async def send(inputs: list[Any], parameters: dict[str, Any]) -> wire.Reply:
+        body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
+        if operation != RUN:
+            body[vocabulary.OPERATION] = operation
+        try:
+            payload = payloads.encode_payload(body)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
+        return await call.client.request(model, payload, items=len(inputs), timeout_ms=call.timeout_ms,
+                                         priority=call.priority, trace=call.request_id)
+
+    return send
 
 
 def token_headers(result: Result) -> dict[str, str]:

@@ -6,7 +6,7 @@ demand, so this wraps the real embeddings runner and exits the process
 code calling ``sys.exit()`` would) when it sees a marker input.  The workers
 load it through the ``python:module:Class`` task form.
 
-Two more lie about the tokenizer a gateway may tokenize with (gateway/edge.py),
+Two more lie about the tokenizer a gateway may tokenize with (zbatch/client/tokenizing.py),
 which no honest worker does: one announces one tokenizer and sends another,
 one announces something that is not a tokenizer at all.
 """
@@ -31,7 +31,7 @@ MARKERS = (CRASH_MARKER, HANG_MARKER, END_THREAD_MARKER)
 
 class FaultInjectingEmbeddings(EmbeddingRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Announce no tokenizer (gateway/edge.py), so that the markers reach the worker as texts."""
+        """Announce no tokenizer (zbatch/client/tokenizing.py), so that the markers reach the worker as texts."""
         super().__init__(*args, **kwargs)
         self._edge_form = ""
         self.details = dataclasses.replace(self.details, tokenizer="")

@@ -1,7 +1,8 @@
-"""Tokenizing at the edge (gateway/edge.py, ``edge_tokenize``) through real daemons serving the default model: once
-the gateway has its tokenizer, HTTP requests leave it as token ids and come back with the vectors and token counts
-the worker gives the same texts; a gateway with the setting off never fetches one; workers that lie about their
-tokenizer are not believed, and every request is answered."""
+"""Tokenizing at the edge (zbatch/client/tokenizing.py: the gateway's ``edge_tokenize``, the client's ``tokenize``)
+through real daemons serving the default model: once the gateway or the client has its tokenizer, requests leave it
+as token ids and come back with the vectors and token counts the worker gives the same texts; a gateway with the
+setting off never fetches one; workers that lie about their tokenizer are not believed; a model whose tokenizer
+changes under its name is answered throughout; and every request is answered."""
 
 from __future__ import annotations
 
@@ -14,22 +15,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import Daemon, http_json, start_broker, start_worker, wait_for_worker, wait_until
+from tests.daemons import Daemon, broker_stats, http_json, start_broker, start_worker, wait_for_worker, wait_until
 from tests.e2e.vectors import cosine
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch import AsyncClient
+from zbatch.hub import bundled_model_path
 from zbatch.protocol import payloads
 from zbatch.protocol.messages import Reply
 from zbatch.protocol.wire import Status
 from zbatch.testing import daemon_env, start_http
 
 MODEL = DEFAULT_MODEL_NAME
-FETCHED = "texts are tokenized in the gateway from now on"  # gateway/edge.py's log lines
+FETCHED = "texts are tokenized in the gateway from now on"  # zbatch/client/tokenizing.py's log lines
 NOT_FETCHED = "could not be fetched"
 NO_TOKENIZERS = "the tokenizers package cannot be imported here"
+REFUSED = "a worker refused ids made with tokenizer"
 ALL_LINES = 1_000_000
 LONG = "the quick brown fox jumps over the lazy dog " * 60 + "and that is the end"
 TEXTS = ["hello world", "Ünïcödé café 東京 and a DOG", "a sentence about token ids travelling as arrays", LONG]
+PARAMETERS: list[dict[str, Any]] = [{}, {"truncation_direction": "left"}, {"dimensions": 64, "normalize": False}]
 LIARS = {"liar-sends-another": "MisfingerprintedTokenizer", "liar-sends-garbage": "UnreadableTokenizer"}
 
 
@@ -154,3 +158,96 @@ def test_a_worker_that_lies_about_its_tokenizer_is_not_believed(stack: dict[str,
 
     assert why("liar-sends-another").startswith(" (the worker sent a tokenizer other than the one it announced)")
     assert why("liar-sends-garbage").startswith(" (the tokenizer cannot be read")
+
+
+def changed_tokenizer(folder: Path) -> str:
+    """The bundled model with one token added to its tokenizer: another fingerprint, and the same ids and vectors for
+    these texts (a model whose tokenizer changed under its name, as a rolling upgrade brings)."""
+    from tokenizers import Tokenizer
+
+    source, target = Path(bundled_model_path()), folder / "changed-tokenizer"
+    target.mkdir()
+    for item in source.iterdir():
+        if item.name != "tokenizer.json":
+            (target / item.name).symlink_to(item)
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tokenizer.add_tokens(["zbatchrollingupgrade"])
+    tokenizer.save(str(target / "tokenizer.json"))
+    return str(target)
+
+
+def announced(broker: Daemon, model: str) -> str | None:
+    """The fingerprint of the tokenizer ``model``'s workers announce, as the broker's STATS say."""
+    stats = broker_stats(broker.frontend) or {}
+    fingerprint = stats.get("models", {}).get(model, {}).get("info", {}).get("tokenizer")
+    return fingerprint if isinstance(fingerprint, str) else None
+
+
+def swap_tokenizer(broker: Daemon, old: Daemon, folder: Path, model: str) -> Daemon:
+    """Stop ``old`` and start a worker of ``model`` whose tokenizer differs; returns it once it alone serves."""
+    old.stop()
+    new = start_worker(broker, folder, f"{model}-new", model_path=changed_tokenizer(folder), model_name=model,
+                       workers=1)
+
+    def alone() -> bool:
+        stats = broker_stats(broker.frontend) or {}
+        return bool(stats.get("models", {}).get(model, {}).get("workers") == 1)
+    wait_until(alone, 30, f"the new worker alone to serve {model}")
+    return new
+
+
+def test_the_gateway_answers_a_model_whose_tokenizer_changed_under_its_name(stack: dict[str, Daemon],
+                                                                            tmp_path: Path) -> None:
+    """Its catalog names the old tokenizer for a while: the ids it makes are refused, and the texts answered."""
+    gateway, broker, model = stack["edge"], stack["broker"], "rolling-gateway"
+    old = start_worker(broker, tmp_path, f"{model}-old", model_name=model, workers=1)
+    new = None
+    try:
+        fingerprint = wait_until(lambda: announced(broker, model), 30, f"{model}'s tokenizer in STATS")
+        wait_for_line(gateway, model, f"{FETCHED} (tokenizer {fingerprint})")  # for this model, or the default
+        new = swap_tokenizer(broker, old, tmp_path, model)
+        want, want_tokens = as_texts(broker, model, TEXTS)
+        for _ in range(5):
+            got, tokens = embeddings(gateway, model, TEXTS)  # each answered 200
+            assert min(cosines(got, want)) >= 0.9999 and tokens == want_tokens
+        assert gateway.log(ALL_LINES).count(f"model {model}: {REFUSED}") == 1
+    finally:
+        for worker in (old, new):
+            if worker is not None:
+                worker.stop()
+
+
+def test_a_client_that_tokenizes_answers_as_the_worker_does_and_through_a_tokenizer_change(
+        stack: dict[str, Daemon], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broker, model = stack["broker"], "rolling-client"
+    caplog.set_level("INFO", logger="zbatch.client")
+    old = start_worker(broker, tmp_path, f"{model}-old", model_name=model, workers=1)
+    new = None
+    try:
+        async def until_tokenizing(client: AsyncClient) -> None:
+            for _ in range(600):  # the client learns the fingerprint from STATS, then fetches the tokenizer
+                await client.infer(model, ["a request while the tokenizer is fetched"])
+                if f"model {model}: texts are tokenized in this client from now on" in caplog.text:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"the client never tokenized: {caplog.text[-2000:]}")
+
+        async def scenario() -> tuple[list[Any], list[Any]]:
+            nonlocal new
+            async with AsyncClient(broker.frontend, tokenize=True) as client:
+                await until_tokenizing(client)
+                before = [await client.infer(model, TEXTS, parameters) for parameters in PARAMETERS]
+                new = await asyncio.to_thread(swap_tokenizer, broker, old, tmp_path, model)
+                after = [await client.infer(model, TEXTS, parameters) for parameters in PARAMETERS]
+                return before, after
+
+        before, after = asyncio.run(scenario())
+        for answers in (before, after):
+            for got, parameters in zip(answers, PARAMETERS, strict=True):
+                want, _ = as_texts(broker, model, TEXTS, **parameters)
+                assert min(cosines(np.asarray(got, dtype=np.float32), want)) >= 0.9999
+        assert caplog.text.count(f"model {model}: {REFUSED}") == 1
+    finally:
+        for worker in (old, new):
+            if worker is not None:
+                worker.stop()

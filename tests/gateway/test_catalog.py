@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from gateway.catalog import FRESH_S, RETRY_S, Catalog, ModelInfo
+from gateway.catalog import Catalog
 from zbatch.client import AsyncClient, BrokerUnavailable
+from zbatch.client.catalog import FRESH_S, RETRY_S, ModelInfo
 
 
 class Brokers:

@@ -200,7 +200,7 @@ def test_only_embeddings_models_run_ids() -> None:
             check_request(task, operation, ids)
 
 
-# ------------------------------------------------------------------ a tokenizer for the edge (gateway/edge.py)
+# ------------------------------------------------------- a tokenizer for the edge (zbatch/client/tokenizing.py)
 
 
 def edge_ids(runner: TextRunner, texts: list[str]) -> tuple[list[np.ndarray], str]:
@@ -211,7 +211,7 @@ def edge_ids(runner: TextRunner, texts: list[str]) -> tuple[list[np.ndarray], st
     (serialized,) = operation_of(runner, v.TOKENIZER)([fingerprint], {})
     assert payloads.tokenizer_fingerprint(serialized) == fingerprint
     tokenizer = Tokenizer.from_str(serialized)
-    encoded = payloads.encode_without_offsets(tokenizer)(texts)  # as gateway/edge.py calls it
+    encoded = payloads.encode_without_offsets(tokenizer)(texts)  # as zbatch/client/tokenizing.py calls it
     return [np.asarray(each.ids, dtype=np.int32) for each in encoded], fingerprint
 
 

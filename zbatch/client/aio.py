@@ -49,8 +49,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
+from zbatch.client.catalog import ModelCatalog
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
+from zbatch.client.tokenizing import Tokenizers, send_tokenized
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Reply, Request, Status
 from zbatch.runtime.curve import CurveKeys
@@ -105,6 +107,7 @@ class AsyncClient:
         heartbeat_ms: int = 1_000,
         heartbeat_liveness: int = 3,
         replay: bool = True,
+        tokenize: bool = False,
     ) -> None:
         """``endpoint``: one broker's frontend, or several (a comma-separated string or a list).
 
@@ -119,6 +122,10 @@ class AsyncClient:
         With several brokers: ``heartbeat_ms`` and ``heartbeat_liveness`` say how soon a dead or
         hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
         again to another broker (inference has no side effects) or fail with BrokerUnavailable.
+
+        ``tokenize``: :meth:`infer` sends texts as token ids, made here with the model's own tokenizer
+        (fetched once from its workers), where its workers announce one (:mod:`zbatch.client.tokenizing`):
+        the workers' CPU goes to the model instead, this process's to the tokenizer.  Same answers.
         """
         self.endpoints = split_endpoints(endpoint)
         if not self.endpoints:
@@ -152,6 +159,8 @@ class AsyncClient:
         self._prefix = os.urandom(4)
         self._counter = itertools.count()
         self._poller: PolledSockets | None = None
+        self._catalog = ModelCatalog()
+        self._tokenizers = Tokenizers(where="this client") if tokenize else None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -184,23 +193,35 @@ class AsyncClient:
         An ``overloaded`` answer is retried ``overload_retries`` times, after the
         broker's ``retry_after_ms`` or an exponential backoff, whichever is longer.
         """
-        try:
-            payload = payloads.encode_payload({"inputs": inputs, "parameters": parameters or {}})
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-        for attempt in itertools.count():
-            reply = await self.request(model, payload, items=len(inputs), timeout_ms=timeout_ms,
-                                       priority=priority, trace=trace)
-            if reply.status is not Status.OVERLOADED or attempt >= self.overload_retries:
-                break
-            backoff_ms = self.retry_backoff_ms * 2**attempt * random.uniform(0.5, 1.5)
-            await asyncio.sleep(max(backoff_ms, reply.retry_after_ms or 0) / 1000)
+        async def send(inputs: list[Any], parameters: dict[str, Any]) -> Reply:
+            try:
+                payload = payloads.encode_payload({"inputs": inputs, "parameters": parameters})
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
+            return await self._request_retried(model, payload, len(inputs), timeout_ms, priority, trace)
+
+        if self._tokenizers is None:
+            reply = await send(inputs, parameters or {})
+        else:
+            reply = await send_tokenized(self._tokenizers, self._catalog, self, model, inputs, parameters or {}, send)
         raise_for_status(reply)
         try:
             outputs = payloads.decode_payload(reply.payload)["outputs"]
         except (wire.ProtocolError, KeyError, TypeError) as exc:
             raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
         return list(outputs)
+
+    async def _request_retried(self, model: str, payload: bytes, items: int, timeout_ms: int | None, priority: int,
+                               trace: str) -> Reply:
+        """:meth:`request`, with an ``overloaded`` answer retried as :meth:`infer` says."""
+        for attempt in itertools.count():
+            reply = await self.request(model, payload, items=items, timeout_ms=timeout_ms, priority=priority,
+                                       trace=trace)
+            if reply.status is not Status.OVERLOADED or attempt >= self.overload_retries:
+                break
+            backoff_ms = self.retry_backoff_ms * 2**attempt * random.uniform(0.5, 1.5)
+            await asyncio.sleep(max(backoff_ms, reply.retry_after_ms or 0) / 1000)
+        return reply
 
     async def request(
         self,
@@ -263,6 +284,9 @@ class AsyncClient:
         return result
 
     async def close(self) -> None:
+        await self._catalog.close()
+        if self._tokenizers is not None:
+            await self._tokenizers.close()
         if self._poller is not None:
             self._poller.close()
             self._poller = None

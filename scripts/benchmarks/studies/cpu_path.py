@@ -11,8 +11,8 @@ The worker's model is a sleep, as in :mod:`scripts.benchmarks.systems.accelerato
 tokenizes the texts with the bundled model's real tokenizer (ahead, as a worker on an accelerator does), sleeps a fixed
 time per batch plus a little per item, like a GPU, and answers one 384-float vector per text, as the bundled
 model does.  It takes token ids as well as texts, so with ``--edge-tokenize true`` the gateway tokenizes for it
-(``gateway/edge.py``; off as shipped).  So the accelerator never sets the pace: the CPU the serving path spends
-does, and that is what the table prices.  Issue 41 asks for it to fall by half.
+(``zbatch/client/tokenizing.py``; off as shipped).  So the accelerator never sets the pace: the CPU the serving path
+spends does, and that is what the table prices.  Issue 41 asks for it to fall by half.
 
 With ``--profile DIR`` each cell runs a second window of the same length with py-spy sampling every daemon
 (``py-spy record --nonblocking``: the daemons are never paused; with ``--native`` C and Rust frames too, which

@@ -1,18 +1,17 @@
-"""Tokenizing at the edge: the gateway turns a request's texts into token ids with the model's own tokenizer.
+"""Tokenizing at the edge: a sender turns a request's texts into token ids with the model's own tokenizer.
 
 Theory of operation
 -------------------
-On a GPU host a worker is one process, and each text it tokenizes holds its
-interpreter; the gateway's processes scale with the host's cores.  So with
-``edge_tokenize`` on (off by default: on a host whose daemons share few cores
-it costs the gateway more than it saves the worker; ``zbatch serve`` turns it
-on where its workers run on GPUs), the gateway tokenizes where it can, and
-the worker runs the ids (PROTOCOL.md 5.2, 5.3):
+A worker is one process, and each text it tokenizes holds its interpreter;
+its senders (the gateway's processes, a client's) can be many.  So a sender
+that chooses to (the gateway's ``edge_tokenize``, on where ``zbatch serve``
+runs its workers on GPUs; :class:`zbatch.client.AsyncClient`'s ``tokenize``)
+tokenizes where it can, and the worker runs the ids (PROTOCOL.md 5.2, 5.3):
 
 1. A worker whose model takes token ids exactly as it takes texts (an
    embeddings model with a fast tokenizer and no default prompt) names its
    tokenizer in READY by fingerprint (``tokenizer``, PROTOCOL.md 3.4); the
-   catalog (:mod:`gateway.catalog`) carries it.
+   brokers' STATS carry it (:mod:`zbatch.client.catalog`).
 2. The first request for such a model starts one fetch in the background: the
    ``tokenizer`` operation (one item, admitted as a caller's request is), whose
    answer must hash to the fingerprint announced.  Until it lands, and for
@@ -22,12 +21,19 @@ the worker runs the ids (PROTOCOL.md 5.2, 5.3):
    the tokenizer (``tokenized_by``).  The worker truncates the ids as it would
    the text and refuses ids made with a tokenizer other than its own, so
    vectors and token counts are the same either way.
+4. A model can change under its name (a rolling upgrade: for a while, workers
+   of both tokenizers serve it, and the brokers' STATS name the newest).  A
+   request sent as ids and refused with ``bad_request`` is therefore sent
+   again as texts (:func:`send_tokenized`), whose answer is the worker's own;
+   where the texts are answered, the ids were the cause, and the model's
+   texts go as texts for :data:`RETRY_S`.  A request whose texts are refused
+   too was bad as sent, and teaches nothing.
 
-Texts stay texts where ids could differ or cost the loop too much: a request
+Texts stay texts where ids could differ or cost the sender too much: a request
 naming a prompt, one with inputs that are not all texts (pairs, images, ids),
 and one whose texts hold more than :data:`MAX_EDGE_CHARS` characters (the
-tokenizer runs on the event loop).  Tokenizers are kept by fingerprint, at
-most :data:`MAX_TOKENIZERS`.
+tokenizer runs on the caller's event loop).  Tokenizers are kept by
+fingerprint, at most :data:`MAX_TOKENIZERS`.
 """
 
 from __future__ import annotations
@@ -36,35 +42,46 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from zbatch.client import AsyncClient, ZBatchError, raise_for_status
+from zbatch.client.catalog import ModelCatalog
+from zbatch.client.errors import ZBatchError, raise_for_status
 from zbatch.protocol import payloads
+from zbatch.protocol.messages import Reply
 from zbatch.protocol.vocabulary import INPUTS, OPERATION, OUTPUTS, PROMPT_NAME, TOKENIZED_BY, TOKENIZER
-from zbatch.protocol.wire import ProtocolError
+from zbatch.protocol.wire import ProtocolError, Status
 
-log = logging.getLogger("zbatch.gateway")
+if TYPE_CHECKING:
+    from zbatch.client.aio import AsyncClient
+
+log = logging.getLogger("zbatch.client")
 
 MAX_EDGE_CHARS: Final = 16_384  # about 4 ms of the loop's time on one core; longer requests go as text
 MAX_TOKENIZERS: Final = 8
-RETRY_S: Final = 30.0  # after a failed fetch, texts go as text this long before the next try
+RETRY_S: Final = 30.0  # after a failed fetch or refused ids, a model's texts go as text this long
 FETCH_TIMEOUT_MS: Final = 30_000
 
+Send = Callable[[list[Any], dict[str, Any]], Awaitable[Reply]]
 
-class EdgeTokenizers:
-    """The tokenizers this process fetched from the workers, by fingerprint, and the fetches under way."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        # The gateway's processes are its parallelism: the tokenizer's thread pool, woken for a request's few
+class Tokenizers:
+    """The tokenizers this process fetched from the workers, by fingerprint, and the fetches under way.
+
+    ``where`` names this process in its log lines ("the gateway", "this client")."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, where: str = "the gateway") -> None:
+        # A sender's processes are its parallelism: the tokenizer's thread pool, woken for a request's few
         # texts, would spin beside them.  Set here, on the loop's thread, before any tokenizer runs.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._clock = clock
+        self._where = where
         self._ready: dict[str, Any] = {}  # fingerprint → tokenizers.Tokenizer
         self._fetches: dict[str, asyncio.Task[None]] = {}
-        self._retry_at: dict[str, float] = {}
+        self._retry_at: dict[str, float] = {}  # by fingerprint: a failed fetch
+        self._texts_until: dict[str, float] = {}  # by model: its workers refused ids that their texts passed
         self._unavailable = ""  # why this process cannot tokenize at all (no tokenizers package): never fetch
 
     def tokenized(self, client: AsyncClient, model: str, fingerprint: str | None, inputs: list[Any],
@@ -75,7 +92,7 @@ class EdgeTokenizers:
         if (not fingerprint or self._unavailable or PROMPT_NAME in parameters
                 or not all(type(item) is str for item in inputs)):
             return None
-        if sum(len(item) for item in inputs) > MAX_EDGE_CHARS:
+        if sum(len(item) for item in inputs) > MAX_EDGE_CHARS or self._clock() < self._texts_until.get(model, -1.0):
             return None
         tokenizer = self._ready.get(fingerprint)
         if tokenizer is None:
@@ -83,6 +100,13 @@ class EdgeTokenizers:
             return None
         ids = [np.asarray(each.ids, dtype=np.int32) for each in payloads.encode_without_offsets(tokenizer)(inputs)]
         return ids, {**parameters, TOKENIZED_BY: fingerprint}
+
+    def ids_refused(self, model: str, fingerprint: str, why: str) -> None:
+        """The model's workers refused ids made with ``fingerprint`` and answered the same texts: texts a while."""
+        if self._clock() >= self._texts_until.get(model, -1.0):
+            log.warning("model %s: a worker refused ids made with tokenizer %s (%s); its texts go to the workers as "
+                        "texts for %.0f s", model, fingerprint, why, RETRY_S)
+        self._texts_until[model] = self._clock() + RETRY_S
 
     def _start_fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
         if fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
@@ -97,7 +121,7 @@ class EdgeTokenizers:
         except ImportError as exc:  # before any fetch: a tokenizer this process cannot load is not worth one
             self._unavailable = str(exc)
             log.warning("texts go to the workers as texts: the tokenizers package cannot be imported here (%s); "
-                        "install it (pip install tokenizers) or turn edge_tokenize off", exc)
+                        "install it (pip install tokenizers) or stop tokenizing in %s", exc, self._where)
             return
         try:
             serialized = await _fetched(client, model, fingerprint)
@@ -105,17 +129,37 @@ class EdgeTokenizers:
         except (ZBatchError, ValueError) as exc:
             self._retry_at[fingerprint] = self._clock() + RETRY_S
             log.warning("model %s: its tokenizer %s could not be fetched (%s); its texts go to the workers as "
-                        "texts, and the gateway asks again in %.0f s", model, fingerprint, exc, RETRY_S)
+                        "texts, and %s asks again in %.0f s", model, fingerprint, exc, self._where, RETRY_S)
             return
         while len(self._ready) >= MAX_TOKENIZERS:
             del self._ready[next(iter(self._ready))]
         self._ready[fingerprint] = tokenizer
-        log.info("model %s: texts are tokenized in the gateway from now on (tokenizer %s)", model, fingerprint)
+        log.info("model %s: texts are tokenized in %s from now on (tokenizer %s)", model, self._where, fingerprint)
 
     async def close(self) -> None:
         for task in list(self._fetches.values()):
             task.cancel()
         await asyncio.gather(*self._fetches.values(), return_exceptions=True)
+
+
+async def send_tokenized(tokenizers: Tokenizers, catalog: ModelCatalog, client: AsyncClient, model: str,
+                         inputs: list[Any], parameters: dict[str, Any], send: Send) -> Reply:
+    """``send`` the inputs as token ids where :meth:`Tokenizers.tokenized` can with the tokenizer ``catalog`` knows
+    the model's workers by, else as they are; ids refused with ``bad_request`` are sent again as they were given
+    (the module's rule 4).  ``send`` encodes and sends one form of them."""
+    info = catalog.known(client, model)
+    fingerprint = None if info is None else info.tokenizer
+    tokenized = tokenizers.tokenized(client, model, fingerprint, inputs, parameters)
+    if tokenized is None:
+        return await send(inputs, parameters)
+    reply = await send(*tokenized)
+    if reply.status is not Status.BAD_REQUEST:
+        return reply
+    as_given = await send(inputs, parameters)
+    if as_given.status is not Status.BAD_REQUEST:
+        assert fingerprint
+        tokenizers.ids_refused(model, fingerprint, reply.message)
+    return as_given
 
 
 async def _fetched(client: AsyncClient, model: str, fingerprint: str) -> str:
