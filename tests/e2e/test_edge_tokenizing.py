@@ -236,6 +236,10 @@ def test_a_client_that_tokenizes_answers_as_the_worker_does_and_through_a_tokeni
             nonlocal new
             async with AsyncClient(broker.frontend, tokenize=True) as client:
                 await until_tokenizing(client)
+                async with AsyncClient(broker.frontend, tokenize=True) as eager:
+                    assert await eager.prepare_tokenizer(model) and not await eager.prepare_tokenizer("no-such-model")
+                async with AsyncClient(broker.frontend) as plain:
+                    assert not await plain.prepare_tokenizer(model)
                 before = [await client.infer(model, TEXTS, parameters) for parameters in PARAMETERS]
                 new = await asyncio.to_thread(swap_tokenizer, broker, old, tmp_path, model)
                 after = [await client.infer(model, TEXTS, parameters) for parameters in PARAMETERS]

@@ -211,6 +211,14 @@ class AsyncClient:
             raise WorkerError(f"the worker sent an unreadable result ({exc})") from None
         return list(outputs)
 
+    async def prepare_tokenizer(self, model: str) -> bool:
+        """With ``tokenize``: fetch ``model``'s tokenizer now, so that its next requests leave as token ids; whether
+        they will (False: ``tokenize`` is off, the model's workers announce no tokenizer, or it cannot be fetched)."""
+        if self._tokenizers is None:
+            return False
+        info = await self._catalog.lookup(self, model)
+        return await self._tokenizers.prepared(self, model, None if info is None else info.tokenizer)
+
     async def _request_retried(self, model: str, payload: bytes, items: int, timeout_ms: int | None, priority: int,
                                trace: str) -> Reply:
         """:meth:`request`, with an ``overloaded`` answer retried as :meth:`infer` says."""

@@ -57,6 +57,10 @@ class Client:
         stats: dict[str, Any] = self._call(self._async.stats())
         return stats
 
+    def prepare_tokenizer(self, model: str) -> bool:
+        """With ``tokenize``: fetch ``model``'s tokenizer now (:meth:`AsyncClient.prepare_tokenizer`)."""
+        return bool(self._call(self._async.prepare_tokenizer(model)))
+
     def close(self) -> None:
         if self._thread.is_alive():
             context = self._async._context

@@ -101,6 +101,17 @@ class Tokenizers:
         ids = [np.asarray(each.ids, dtype=np.int32) for each in payloads.encode_without_offsets(tokenizer)(inputs)]
         return ids, {**parameters, TOKENIZED_BY: fingerprint}
 
+    async def prepared(self, client: AsyncClient, model: str, fingerprint: str | None) -> bool:
+        """Whether texts for ``model`` will leave here as ids, once its tokenizer is fetched (at once if held)."""
+        if not fingerprint or self._unavailable:
+            return False
+        if fingerprint not in self._ready:
+            self._start_fetch(client, model, fingerprint)
+            fetch = self._fetches.get(fingerprint)
+            if fetch is not None:
+                await asyncio.shield(fetch)
+        return fingerprint in self._ready and self._clock() >= self._texts_until.get(model, -1.0)
+
     def ids_refused(self, model: str, fingerprint: str, why: str) -> None:
         """The model's workers refused ids made with ``fingerprint`` and answered the same texts: texts a while."""
         if self._clock() >= self._texts_until.get(model, -1.0):

@@ -16,11 +16,13 @@
    off (workers tokenize) and on (gateway processes tokenize, ids travel: ``zbatch serve``'s choice with GPUs);
 7. **workers**: the base-size shape at 64 HTTP clients of 32 texts and 512 of one, with each of
    :data:`WORKERS_PER_GPU` workers on the GPU: once the gateway tokenizes, the GPU is the bound, and fewer
-   processes time-slicing it may each run larger batches.
+   processes time-slicing it may each run larger batches;
+8. **client**: the bundled model over ZeroMQ at 1 and 512 clients of one text and 64 of 32, on one ``zbatch
+   serve``, with the clients' ``tokenize`` off (workers tokenize) and on (the load generator's clients tokenize).
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself; together they
 exceed one device call's 600 s, so run them in two calls (``--steps chaos,start,rates,fronts``, then
-``--steps unpadded,edge,workers``) or choose the steps a lease needs.  The results
+``--steps unpadded,edge,workers,client``) or choose the steps a lease needs.  The results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
 ``--quick`` runs every step in a short form on the CPU, to test the script before device time is spent on it.
 """
@@ -60,7 +62,7 @@ QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
 STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0,
-                 "workers": 150.0}
+                 "workers": 150.0, "client": 100.0}
 SHAPED = "shaped"
 WORKERS_PER_GPU = (1, 2, 4)  # the last is zbatch serve's choice on a 16-core host
 
@@ -80,10 +82,11 @@ class Session:
                                                               default=str))
         (self.out / "gpu-session.md").write_text("\n".join(report(self.rows, self.notes)) + "\n")
 
-    async def load(self, kind: str, target: str, model: str, clients: int, texts: int = 1) -> dict[str, Any]:
+    async def load(self, kind: str, target: str, model: str, clients: int, texts: int = 1,
+                   tokenize: bool = False) -> dict[str, Any]:
         warmup, duration = self.windows
         return await spread_closed_loop(kind, target, model, clients, warmup, duration, LOAD_PROCESSES,
-                                        texts=texts)
+                                        texts=texts, tokenize=tokenize)
 
 
 def shaped_env(quick: bool) -> dict[str, str]:
@@ -201,6 +204,20 @@ async def workers_step(session: Session, folder: Path, shape: Shape) -> None:
                    ((4, 8), (8, 1)) if session.quick else ((64, 32), (512, 1)))
 
 
+async def client_step(session: Session, path: str, name: str) -> None:
+    """Texts tokenized in the workers against in the ZeroMQ clients (``AsyncClient``'s ``tokenize``), one stack."""
+    tokens = await asyncio.to_thread(mean_tokens, path, sentences())
+    loads = ((1, 1), (8, 1), (4, 8)) if session.quick else ((1, 1), (512, 1), (64, 32))
+    with Daemons() as daemons:
+        served = await serve(daemons, path, name, "client-tokenize")
+        for tokenize in (False, True):
+            for clients, texts in loads:
+                result = await session.load("zmq", served.target("zmq"), name, clients, texts, tokenize)
+                session.rows.append(row("rates", f"{name}, ZMQ, {texts} a request, client tokenize "
+                                        f"{'on' if tokenize else 'off'}", clients, with_tokens(result, tokens)))
+                session.save()
+
+
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
     """One step within its time limit; a failure is noted and the next step runs."""
     procs.log(f"gpu session: {name}")
@@ -269,6 +286,7 @@ async def main(out: Path, quick: bool, steps: list[str]) -> None:
         "unpadded": lambda: unpadded_step(session, folders[shapes[-1]], shapes[-1]),
         "edge": lambda: edge_step(session, path, name),
         "workers": lambda: workers_step(session, folders[shapes[-1]], shapes[-1]),
+        "client": lambda: client_step(session, path, name),
     }
     for each in steps:
         await step(session, each, work[each])

@@ -41,9 +41,14 @@ READY_WAIT_S = 300.0  # how long a child with --ready waits for it
 
 
 async def spread_closed_loop(kind: str, target: str, model: str, concurrency: int, warmup_s: float,
-                             duration_s: float, processes: int = 4, texts: int = 1) -> dict[str, Any]:
-    """``concurrency`` closed-loop clients spread over ``processes`` children; their answers merged."""
-    children = await start_children(kind, target, model, concurrency, warmup_s, duration_s, processes, texts)
+                             duration_s: float, processes: int = 4, texts: int = 1,
+                             tokenize: bool = False) -> dict[str, Any]:
+    """``concurrency`` closed-loop clients spread over ``processes`` children; their answers merged.
+
+    ``tokenize``: ZeroMQ clients tokenize for the workers (``AsyncClient``'s ``tokenize``)."""
+    options = ("--tokenize",) if tokenize else ()
+    children = await start_children(kind, target, model, concurrency, warmup_s, duration_s, processes, texts,
+                                    *options)
     await asyncio.sleep(warmup_s)
     start = cpu.snapshot()
     gpu = await gpu_busy(duration_s)
@@ -140,9 +145,10 @@ def merge(results: list[dict[str, Any]], texts: int) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _caller(kind: str, target: str, model: str, texts: int, seed: int) -> AsyncIterator[Call]:
+async def _caller(kind: str, target: str, model: str, texts: int, seed: int, tokenize: bool = False
+                  ) -> AsyncIterator[Call]:
     """One call of ``kind``: POST to the URL ``target`` (http), or infer through the broker frontend ``target``
-    (zmq); ``texts`` of the bench's texts a request, from a per-child offset."""
+    (zmq; ``tokenize``: the client tokenizes); ``texts`` of the bench's texts a request, from a per-child offset."""
     inputs = shuffled(seed)
     batches = itertools.cycle([inputs[i:i + texts] for i in range(0, len(inputs) - texts + 1, texts)])
     if kind == "http":
@@ -167,7 +173,10 @@ async def _caller(kind: str, target: str, model: str, texts: int, seed: int) -> 
         return
     from zbatch.client import AsyncClient, ZBatchError
 
-    async with AsyncClient(target) as client:
+    async with AsyncClient(target, tokenize=tokenize) as client:
+        if tokenize and not await client.prepare_tokenizer(model):
+            raise SystemExit(f"the client cannot tokenize for {model}: its workers announce no tokenizer, or it "
+                             "could not be fetched")
         async def infer() -> str:
             try:
                 await client.infer(model, next(batches))
@@ -181,7 +190,7 @@ async def _caller(kind: str, target: str, model: str, texts: int, seed: int) -> 
 async def _child(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[Sample] = []
     attempts: list[Sample] = []
-    async with _caller(args.kind, args.target, args.model, args.texts, args.seed) as call:
+    async with _caller(args.kind, args.target, args.model, args.texts, args.seed, args.tokenize) as call:
         if args.ready:
             await asyncio.to_thread(wait_until, lambda: http_status(args.ready, 1.0) == 200, READY_WAIT_S,
                                     f"{args.ready} to answer 200")
@@ -217,6 +226,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--texts", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenize", action="store_true", help="zmq: the clients tokenize for the workers")
     parser.add_argument("--ready", default=None, metavar="URL",
                         help="start the clients the moment GET URL answers 200 (a gateway's /readyz)")
     parser.add_argument("--records", action="store_true",

@@ -1,11 +1,11 @@
 """Where each core goes at GPU rates: CPU per request in each daemon, over HTTP and over ZeroMQ.
 
 ``python -m scripts.benchmarks.studies.cpu_path [--concurrency 32,128] [--seconds 8] [--batch-ms 2] [--item-ms 0.01]
-[--profile DIR] [--edge-tokenize true]`` starts one real stack (a broker, one worker, a gateway of one process: the
-harness the bench uses) and drives it with closed-loop clients, one text a request, over HTTP (the bench's aiohttp
-calls) and over ZeroMQ (the project's AsyncClient).  It prints a Markdown table: for each path and number of
-clients, the requests a second and the µs of CPU per request each daemon took (the load generator, this process,
-included) and their total, read from /proc (:func:`scripts.benchmarks.common.cpu.process_use`).
+[--profile DIR] [--edge-tokenize true] [--client-tokenize true] [--paths http,zmq]`` starts one real stack (a broker,
+one worker, a gateway of one process: the harness the bench uses) and drives it with closed-loop clients, one text a
+request, over HTTP (the bench's aiohttp calls) and over ZeroMQ (the project's AsyncClient). It prints a Markdown table:
+for each path and number of clients, the requests a second and the µs of CPU per request each daemon took (the load
+generator, this process, included) and their total, read from /proc (:func:`scripts.benchmarks.common.cpu.process_use`).
 
 The worker's model is a sleep, as in :mod:`scripts.benchmarks.systems.accelerator`: :class:`EmbeddingSleepRunner`
 tokenizes the texts with the bundled model's real tokenizer (ahead, as a worker on an accelerator does), sleeps a fixed
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -110,6 +111,7 @@ class Stack:
     url: str
     frontend: str
     pids: dict[str, int]
+    client_tokenize: bool = False  # the ZeroMQ clients tokenize for the worker (AsyncClient's ``tokenize``)
 
 
 def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = False) -> Stack:
@@ -132,7 +134,9 @@ async def caller(path: str, stack: Stack, concurrency: int) -> AsyncIterator[loa
         async with calls.http_session(limit=concurrency) as session:
             yield calls.http_call(session, stack.url, shuffled())
     else:
-        async with AsyncClient(stack.frontend) as client:
+        async with AsyncClient(stack.frontend, tokenize=stack.client_tokenize) as client:
+            if stack.client_tokenize and not await client.prepare_tokenizer(MODEL):
+                raise SystemExit(f"the client cannot tokenize for {MODEL}")
             yield calls.zmq_infer_call(client, MODEL, shuffled())
 
 
@@ -251,7 +255,8 @@ async def run(args: argparse.Namespace) -> None:
     cells, profiles = [], []
     with procs.running() as daemons:
         stack = await procs.start(daemons, start_stack, args.batch_ms, args.item_ms, args.edge_tokenize == "true")
-        for path in PATHS:
+        stack = dataclasses.replace(stack, client_tokenize=args.client_tokenize == "true")
+        for path in args.paths.split(","):
             for concurrency in clients:
                 procs.log(f"{path}, {concurrency} clients")
                 cells.append(await measure(path, stack, concurrency, args.warmup, args.seconds))
@@ -273,6 +278,10 @@ def main() -> None:
     parser.add_argument("--item-ms", type=float, default=ITEM_MS, help="and per item in a batch")
     parser.add_argument("--edge-tokenize", choices=("true", "false"), default="false",
                         help="the gateway's edge_tokenize setting: texts tokenized there, or in the worker")
+    parser.add_argument("--client-tokenize", choices=("true", "false"), default="false",
+                        help="the ZeroMQ clients' tokenize setting: texts tokenized in the load generator, or in the "
+                             "worker")
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated paths to measure: http, zmq")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="also profile each daemon with py-spy in a second window per cell; raw stacks to DIR")
     parser.add_argument("--native", action="store_true",
