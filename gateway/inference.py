@@ -32,7 +32,7 @@ from gateway.metrics import MODEL
 from gateway.parsing import check_limits, request_priority, request_timeout_ms
 from gateway.tracing import REQUEST_ID
 from zbatch.client import AsyncClient, BadRequest, WorkerError, raise_for_status
-from zbatch.client.tokenizing import Send, send_tokenized
+from zbatch.client.tokenizing import Send, TimeLeft, send_tokenized
 from zbatch.protocol import payloads, vocabulary, wire
 from zbatch.protocol.vocabulary import RUN
 
@@ -116,7 +116,9 @@ async def run(
 
 
 def _sender(call: Call, model: str, operation: str) -> Send:
-    """What sends one form of a request's inputs (texts, or the ids they became) to ``model`` for ``call``."""
+    """What sends one form of a request's inputs (texts, or the ids they became) to ``model`` for ``call``, each
+    send within what is left of the call's time."""
+    time_left = TimeLeft(call.timeout_ms, call.config.timeout_ms)
 
     async def send(inputs: list[Any], parameters: dict[str, Any]) -> wire.Reply:
         body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
@@ -126,7 +128,7 @@ def _sender(call: Call, model: str, operation: str) -> Send:
             payload = payloads.encode_payload(body)
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-        return await call.client.request(model, payload, items=len(inputs), timeout_ms=call.timeout_ms,
+        return await call.client.request(model, payload, items=len(inputs), timeout_ms=time_left.next_ms(),
                                          priority=call.priority, trace=call.request_id)
 
     return send

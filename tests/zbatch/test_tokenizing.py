@@ -12,7 +12,7 @@ import numpy as np
 
 from zbatch.client import AsyncClient, tokenizing
 from zbatch.client.catalog import ModelCatalog
-from zbatch.client.tokenizing import RETRY_S, Tokenizers, send_tokenized
+from zbatch.client.tokenizing import RETRY_S, TimeLeft, Tokenizers, send_tokenized
 from zbatch.hub import bundled_model_path
 from zbatch.protocol.messages import Reply
 from zbatch.protocol.wire import Status
@@ -92,3 +92,26 @@ def test_other_refusals_of_ids_are_not_sent_again() -> None:
     tokenizers, catalog = sender([0.0])
     worker = Worker(Status.OVERLOADED, Status.OK)
     assert send(tokenizers, catalog, worker).status is Status.OVERLOADED and worker.forms == ["ids"]
+
+
+def test_a_text_the_tokenizer_cannot_take_goes_as_text_for_the_worker_to_judge() -> None:
+    """A lone surrogate makes the tokenizer raise; the request goes once, as the caller gave it."""
+    tokenizers, catalog = sender([0.0])
+    worker = Worker(Status.OK, Status.BAD_REQUEST)
+    client = cast(AsyncClient, None)
+    reply = asyncio.run(send_tokenized(tokenizers, catalog, client, MODEL, ["a\ud800b"], {}, worker))
+    assert reply.status is Status.BAD_REQUEST and worker.forms == ["texts"]
+
+
+def test_a_second_send_gets_what_is_left_of_the_callers_time() -> None:
+    now = [50.0]
+    given = TimeLeft(2_000, 30_000, lambda: now[0])
+    assert given.next_ms() == 2_000
+    now[0] += 0.5
+    assert given.next_ms() == 1_500
+    now[0] += 5
+    assert given.next_ms() == 1  # past it: the broker answers deadline_exceeded at once
+    default = TimeLeft(None, 30_000, lambda: now[0])
+    assert default.next_ms() is None  # the broker's default, as for any request
+    now[0] += 1
+    assert default.next_ms() == 29_000

@@ -49,10 +49,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
-from zbatch.client.catalog import ModelCatalog
+from zbatch.client.catalog import STATS_TIMEOUT_MS, ModelCatalog
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
-from zbatch.client.tokenizing import Tokenizers, send_tokenized
+from zbatch.client.tokenizing import TimeLeft, Tokenizers, send_tokenized
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Reply, Request, Status
 from zbatch.runtime.curve import CurveKeys
@@ -193,12 +193,14 @@ class AsyncClient:
         An ``overloaded`` answer is retried ``overload_retries`` times, after the
         broker's ``retry_after_ms`` or an exponential backoff, whichever is longer.
         """
+        time_left = TimeLeft(timeout_ms, self.timeout_ms)
+
         async def send(inputs: list[Any], parameters: dict[str, Any]) -> Reply:
             try:
                 payload = payloads.encode_payload({"inputs": inputs, "parameters": parameters})
             except (TypeError, ValueError, OverflowError) as exc:
                 raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-            return await self._request_retried(model, payload, len(inputs), timeout_ms, priority, trace)
+            return await self._request_retried(model, payload, len(inputs), time_left.next_ms(), priority, trace)
 
         if self._tokenizers is None:
             reply = await send(inputs, parameters or {})
@@ -216,7 +218,10 @@ class AsyncClient:
         they will (False: ``tokenize`` is off, the model's workers announce no tokenizer, or it cannot be fetched)."""
         if self._tokenizers is None:
             return False
-        info = await self._catalog.lookup(self, model)
+        info = self._catalog.known(self, model)
+        if info is None:  # not in the last answer, however recent: ask now, and wait as long as STATS may take
+            await self._catalog.wait_for_refresh(self, STATS_TIMEOUT_MS / 1000)
+            info = self._catalog.known(self, model)
         return await self._tokenizers.prepared(self, model, None if info is None else info.tokenizer)
 
     async def _request_retried(self, model: str, payload: bytes, items: int, timeout_ms: int | None, priority: int,

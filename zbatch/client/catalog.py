@@ -74,7 +74,8 @@ class ModelCatalog:
         self._models: dict[str, ModelInfo] = {}
         self._taken_at = -math.inf
         self._failure: ZBatchError | None = None  # why the last refresh got no answer, if it did not
-        self._refresh: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Future[None] | None = None
+        self._closed = False
 
     def update(self, stats: Mapping[str, Any]) -> dict[str, ModelInfo]:
         """Take a fresh STATS answer (the model list handlers ask for one anyway); returns its models."""
@@ -106,14 +107,24 @@ class ModelCatalog:
         """Seconds since the last answer, or since the last refresh that got none."""
         return self._clock() - self._taken_at
 
-    async def wait_for_refresh(self, client: AsyncClient) -> None:
-        """Start a refresh, or join the one under way, and wait for it at most MISS_WAIT_S."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.start_refresh(client)), MISS_WAIT_S)
+    async def wait_for_refresh(self, client: AsyncClient, wait_s: float = MISS_WAIT_S) -> None:
+        """Start a refresh, or join the one under way, and wait for it at most ``wait_s``."""
+        refresh = self.start_refresh(client)
+        try:
+            await asyncio.wait_for(asyncio.shield(refresh), wait_s)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            if not refresh.cancelled():
+                raise  # the caller's own cancellation, not the refresh's (closed meanwhile)
 
-    def start_refresh(self, client: AsyncClient) -> asyncio.Task[None]:
-        """One refresh in the background: the one under way, if any."""
+    def start_refresh(self, client: AsyncClient) -> asyncio.Future[None]:
+        """One refresh in the background: the one under way, if any (once closed, none: a finished future)."""
         if self._refresh is None or self._refresh.done():
+            if self._closed:
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
             self._refresh = asyncio.get_running_loop().create_task(self._fetch(client))
         return self._refresh
 
@@ -125,7 +136,8 @@ class ModelCatalog:
             self._failure = exc
 
     async def close(self) -> None:
-        """Cancel a refresh in flight (the owner is shutting down)."""
+        """Cancel a refresh in flight, and start none from now on (the owner is shutting down)."""
+        self._closed = True
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):

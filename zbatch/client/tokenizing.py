@@ -67,6 +67,26 @@ FETCH_TIMEOUT_MS: Final = 30_000
 Send = Callable[[list[Any], dict[str, Any]], Awaitable[Reply]]
 
 
+class TimeLeft:
+    """A request's timeout for each of its sends: as the caller gave it for the first; for a second (the texts
+    after refused ids), what is left of it, so that a caller's deadline holds however many sends it takes.
+
+    ``timeout_ms`` None: the broker's default, which ``default_ms`` (the client's own wait) matches."""
+
+    def __init__(self, timeout_ms: int | None, default_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._timeout_ms, self._default_ms, self._clock = timeout_ms, default_ms, clock
+        self._first: float | None = None
+
+    def next_ms(self) -> int | None:
+        """The timeout of the send about to go."""
+        now = self._clock()
+        if self._first is None:
+            self._first = now
+            return self._timeout_ms
+        own_ms = self._default_ms if self._timeout_ms is None else self._timeout_ms
+        return max(1, int(own_ms - (now - self._first) * 1000))
+
+
 class Tokenizers:
     """The tokenizers this process fetched from the workers, by fingerprint, and the fetches under way.
 
@@ -74,7 +94,8 @@ class Tokenizers:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, where: str = "the gateway") -> None:
         # A sender's processes are its parallelism: the tokenizer's thread pool, woken for a request's few
-        # texts, would spin beside them.  Set here, on the loop's thread, before any tokenizer runs.
+        # texts, would spin beside them.  Set here, on the loop's thread, before any tokenizer runs (unless the
+        # process already chose: the variable is the tokenizers library's, for the whole process).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._clock = clock
         self._where = where
@@ -83,6 +104,7 @@ class Tokenizers:
         self._retry_at: dict[str, float] = {}  # by fingerprint: a failed fetch
         self._texts_until: dict[str, float] = {}  # by model: its workers refused ids that their texts passed
         self._unavailable = ""  # why this process cannot tokenize at all (no tokenizers package): never fetch
+        self._closed = False
 
     def tokenized(self, client: AsyncClient, model: str, fingerprint: str | None, inputs: list[Any],
                   parameters: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
@@ -98,8 +120,11 @@ class Tokenizers:
         if tokenizer is None:
             self._start_fetch(client, model, fingerprint)
             return None
-        ids = [np.asarray(each.ids, dtype=np.int32) for each in payloads.encode_without_offsets(tokenizer)(inputs)]
-        return ids, {**parameters, TOKENIZED_BY: fingerprint}
+        try:
+            encodings = payloads.encode_without_offsets(tokenizer)(inputs)
+        except Exception:  # a text the tokenizer cannot take (a lone surrogate): the texts' path says what is wrong
+            return None
+        return [np.asarray(each.ids, dtype=np.int32) for each in encodings], {**parameters, TOKENIZED_BY: fingerprint}
 
     async def prepared(self, client: AsyncClient, model: str, fingerprint: str | None) -> bool:
         """Whether texts for ``model`` will leave here as ids, once its tokenizer is fetched (at once if held)."""
@@ -109,7 +134,12 @@ class Tokenizers:
             self._start_fetch(client, model, fingerprint)
             fetch = self._fetches.get(fingerprint)
             if fetch is not None:
-                await asyncio.shield(fetch)
+                try:
+                    await asyncio.shield(fetch)
+                except asyncio.CancelledError:
+                    if not fetch.cancelled():
+                        raise  # the caller's own cancellation
+                    return False  # closed meanwhile
         return fingerprint in self._ready and self._clock() >= self._texts_until.get(model, -1.0)
 
     def ids_refused(self, model: str, fingerprint: str, why: str) -> None:
@@ -120,7 +150,7 @@ class Tokenizers:
         self._texts_until[model] = self._clock() + RETRY_S
 
     def _start_fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
-        if fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
+        if self._closed or fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
             return
         task = asyncio.get_running_loop().create_task(self._fetch(client, model, fingerprint))
         self._fetches[fingerprint] = task
@@ -148,6 +178,8 @@ class Tokenizers:
         log.info("model %s: texts are tokenized in %s from now on (tokenizer %s)", model, self._where, fingerprint)
 
     async def close(self) -> None:
+        """Cancel the fetches under way, and start none from now on."""
+        self._closed = True
         for task in list(self._fetches.values()):
             task.cancel()
         await asyncio.gather(*self._fetches.values(), return_exceptions=True)

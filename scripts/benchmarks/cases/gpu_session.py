@@ -62,7 +62,7 @@ QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
 STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0,
-                 "workers": 150.0, "client": 100.0}
+                 "workers": 150.0, "client": 150.0}
 SHAPED = "shaped"
 WORKERS_PER_GPU = (1, 2, 4)  # the last is zbatch serve's choice on a 16-core host
 
