@@ -31,6 +31,10 @@ it to the device and launches the model:
 6. A request whose encoding failed (bad parameters, a tokenizer error), or
    a batch whose plan failed, is run the plain way (:meth:`Runner.run`),
    which fails it exactly as before, with its message.
+7. A request of token ids only (its sender tokenized it) is encoded at once
+   on the caller's thread: checking and truncating ids costs a few numpy
+   calls a request, less than handing it to a pool thread and waking that
+   thread.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from worker.runners.base import StagedRunner
 
@@ -152,9 +158,15 @@ class PrepPool:
 
     def encode(self, runner: StagedRunner[Any, Any], inputs: Sequence[Any], parameters: dict[str, Any],
                key: bytes) -> Future[list[Any]]:
-        """Any thread: the future of ``inputs`` encoded (rule 1); cancel it to do the work yourself."""
+        """Any thread: the future of ``inputs`` encoded (rule 1); cancel it to do the work yourself.  Token ids
+        only: encoded here, the future done (rule 7)."""
         result: Future[list[Any]] = Future()
-        self._jobs.put(_Encode(runner, inputs, parameters, key, result))
+        job = _Encode(runner, inputs, parameters, key, result)
+        if inputs and all(isinstance(item, np.ndarray) for item in inputs):
+            result.set_running_or_notify_cancel()
+            _encode_together([job])
+        else:
+            self._jobs.put(job)
         return result
 
     def plan(self, runner: StagedRunner[Any, Any], work: BatchWork) -> Future[Settled | None]:

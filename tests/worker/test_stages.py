@@ -171,6 +171,23 @@ def test_whoever_needs_work_not_started_does_it_itself(embedder: TextRunner) -> 
     assert planned.cancel()  # the engine's move when the model frees before the pool got to the plan
 
 
+def lengths(encodings: list[Any]) -> list[int]:
+    return [encoding.length for encoding in encodings]
+
+
+def test_token_ids_are_encoded_at_once_by_the_caller_and_texts_by_the_pool(embedder: TextRunner) -> None:
+    """Rule 7: a request of ids only costs a few numpy calls, less than a hand-off; one with a text is the pool's."""
+    pool = PrepPool(threads=1)  # never started: what it is given stays undone
+    texts = TEXTS[:2]
+    ids = [np.asarray(row, dtype=np.int32) for row in embedder._tokenizer(texts)["input_ids"]]  # as a sender makes
+    done = pool.encode(embedder, ids, {}, parameters_key({}))
+    assert done.done() and lengths(done.result()) == lengths(embedder.encode(texts, {}))
+    mixed = pool.encode(embedder, [ids[0], texts[1]], {}, parameters_key({}))
+    assert not mixed.done() and mixed.cancel()
+    refused = pool.encode(embedder, [np.asarray([10**6], dtype=np.int32)], {"no_such_parameter": 1}, b"k")
+    assert isinstance(refused.exception(timeout=0), InputError)  # the plain path reports it (rule 6)
+
+
 def test_truncation_settings_are_kept_per_request(watched_pool: tuple[PrepPool, TorchCalls],
                                                   embedder: TextRunner) -> None:
     pool, _ = watched_pool
