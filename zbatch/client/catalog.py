@@ -18,18 +18,21 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from zbatch.client.errors import ZBatchError
 from zbatch.client.stats import merge_stats
-
-if TYPE_CHECKING:
-    from zbatch.client.aio import AsyncClient
 
 FRESH_S = 2.0  # a catalog older than this is refreshed in the background
 RETRY_S = 0.5  # an unknown model waits for a refresh at most this often
 MISS_WAIT_S = 0.25  # and for at most this long: a hung broker must not hold requests up
 STATS_TIMEOUT_MS = 1000
+
+
+class StatsSource(Protocol):
+    """What the catalog asks: every broker's STATS answer, or the error it gave (:class:`zbatch.AsyncClient`)."""
+
+    async def stats_by_broker(self, *, timeout_ms: int = ...) -> Mapping[str, Mapping[str, Any] | Exception]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,7 @@ class ModelCatalog:
         self._failure = None
         return self._models
 
-    async def lookup(self, client: AsyncClient, model: str) -> ModelInfo | None:
+    async def lookup(self, client: StatsSource, model: str) -> ModelInfo | None:
         """``model``'s info: at once if known; else after a refresh, unless one ran within RETRY_S."""
         info = self._models.get(model)
         if info is not None:
@@ -96,7 +99,7 @@ class ModelCatalog:
             return self._models.get(model)
         return None
 
-    def known(self, client: AsyncClient, model: str) -> ModelInfo | None:
+    def known(self, client: StatsSource, model: str) -> ModelInfo | None:
         """``model``'s info if known, never waiting (a stale catalog starts its refresh, as :meth:`lookup` does)."""
         if self.age > FRESH_S:
             self.start_refresh(client)
@@ -107,7 +110,7 @@ class ModelCatalog:
         """Seconds since the last answer, or since the last refresh that got none."""
         return self._clock() - self._taken_at
 
-    async def wait_for_refresh(self, client: AsyncClient, wait_s: float = MISS_WAIT_S) -> None:
+    async def wait_for_refresh(self, client: StatsSource, wait_s: float = MISS_WAIT_S) -> None:
         """Start a refresh, or join the one under way, and wait for it at most ``wait_s``."""
         refresh = self.start_refresh(client)
         try:
@@ -118,7 +121,7 @@ class ModelCatalog:
             if not refresh.cancelled():
                 raise  # the caller's own cancellation, not the refresh's (closed meanwhile)
 
-    def start_refresh(self, client: AsyncClient) -> asyncio.Future[None]:
+    def start_refresh(self, client: StatsSource) -> asyncio.Future[None]:
         """One refresh in the background: the one under way, if any (once closed, none: a finished future)."""
         if self._refresh is None or self._refresh.done():
             if self._closed:
@@ -128,7 +131,7 @@ class ModelCatalog:
             self._refresh = asyncio.get_running_loop().create_task(self._fetch(client))
         return self._refresh
 
-    async def _fetch(self, client: AsyncClient) -> None:
+    async def _fetch(self, client: StatsSource) -> None:
         try:
             self.update(merge_stats(await client.stats_by_broker(timeout_ms=STATS_TIMEOUT_MS)))
         except ZBatchError as exc:

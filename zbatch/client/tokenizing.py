@@ -43,19 +43,16 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
-from zbatch.client.catalog import ModelCatalog
+from zbatch.client.catalog import ModelCatalog, StatsSource
 from zbatch.client.errors import ZBatchError, raise_for_status
 from zbatch.protocol import payloads
 from zbatch.protocol.messages import Reply
 from zbatch.protocol.vocabulary import INPUTS, OPERATION, OUTPUTS, PROMPT_NAME, TOKENIZED_BY, TOKENIZER
 from zbatch.protocol.wire import ProtocolError, Status
-
-if TYPE_CHECKING:
-    from zbatch.client.aio import AsyncClient
 
 log = logging.getLogger("zbatch.client")
 
@@ -65,6 +62,13 @@ RETRY_S: Final = 30.0  # after a failed fetch or refused ids, a model's texts go
 FETCH_TIMEOUT_MS: Final = 30_000
 
 Send = Callable[[list[Any], dict[str, Any]], Awaitable[Reply]]
+
+
+class Sender(StatsSource, Protocol):
+    """What fetches a tokenizer and learns a model's: a broker client (:class:`zbatch.AsyncClient`)."""
+
+    async def request(self, model: str, payload: bytes, *, items: int, timeout_ms: int | None = None,
+                      priority: int = ..., trace: str = "") -> Reply: ...
 
 
 class TimeLeft:
@@ -106,7 +110,7 @@ class Tokenizers:
         self._unavailable = ""  # why this process cannot tokenize at all (no tokenizers package): never fetch
         self._closed = False
 
-    def tokenized(self, client: AsyncClient, model: str, fingerprint: str | None, inputs: list[Any],
+    def tokenized(self, client: Sender, model: str, fingerprint: str | None, inputs: list[Any],
                   parameters: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
         """``inputs`` as token ids and ``parameters`` naming their tokenizer, or None: send them as they are.
 
@@ -126,7 +130,7 @@ class Tokenizers:
             return None
         return [np.asarray(each.ids, dtype=np.int32) for each in encodings], {**parameters, TOKENIZED_BY: fingerprint}
 
-    async def prepared(self, client: AsyncClient, model: str, fingerprint: str | None) -> bool:
+    async def prepared(self, client: Sender, model: str, fingerprint: str | None) -> bool:
         """Whether texts for ``model`` will leave here as ids, once its tokenizer is fetched (at once if held)."""
         if not fingerprint or self._unavailable:
             return False
@@ -149,14 +153,14 @@ class Tokenizers:
                         "texts for %.0f s", model, fingerprint, why, RETRY_S)
         self._texts_until[model] = self._clock() + RETRY_S
 
-    def _start_fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
+    def _start_fetch(self, client: Sender, model: str, fingerprint: str) -> None:
         if self._closed or fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
             return
         task = asyncio.get_running_loop().create_task(self._fetch(client, model, fingerprint))
         self._fetches[fingerprint] = task
         task.add_done_callback(lambda _: self._fetches.pop(fingerprint, None))
 
-    async def _fetch(self, client: AsyncClient, model: str, fingerprint: str) -> None:
+    async def _fetch(self, client: Sender, model: str, fingerprint: str) -> None:
         try:
             tokenizer_class = await asyncio.to_thread(_tokenizer_class)
         except ImportError as exc:  # before any fetch: a tokenizer this process cannot load is not worth one
@@ -185,7 +189,7 @@ class Tokenizers:
         await asyncio.gather(*self._fetches.values(), return_exceptions=True)
 
 
-async def send_tokenized(tokenizers: Tokenizers, catalog: ModelCatalog, client: AsyncClient, model: str,
+async def send_tokenized(tokenizers: Tokenizers, catalog: ModelCatalog, client: Sender, model: str,
                          inputs: list[Any], parameters: dict[str, Any], send: Send) -> Reply:
     """``send`` the inputs as token ids where :meth:`Tokenizers.tokenized` can with the tokenizer ``catalog`` knows
     the model's workers by, else as they are; ids refused with ``bad_request`` are sent again as they were given
@@ -205,7 +209,7 @@ async def send_tokenized(tokenizers: Tokenizers, catalog: ModelCatalog, client: 
     return as_given
 
 
-async def _fetched(client: AsyncClient, model: str, fingerprint: str) -> str:
+async def _fetched(client: Sender, model: str, fingerprint: str) -> str:
     """The serialized tokenizer the model's workers announce as ``fingerprint``; ValueError if the answer is not it."""
     payload = payloads.encode_payload({INPUTS: [fingerprint], OPERATION: TOKENIZER})
     reply = await client.request(model, payload, items=1, timeout_ms=FETCH_TIMEOUT_MS)
