@@ -21,7 +21,7 @@ MODEL, FINGERPRINT = "m", "0123456789abcdef"
 TEXTS = ["hello world", "a second text"]
 
 
-class Worker:
+class FakeWorker:
     """A FAKE send: records the form each request came in, and answers ids or texts with the status set for each."""
 
     def __init__(self, ids: Status, texts: Status) -> None:
@@ -47,14 +47,14 @@ def sender(now: list[float]) -> tuple[Tokenizers, ModelCatalog]:
     return tokenizers, catalog
 
 
-def send(tokenizers: Tokenizers, catalog: ModelCatalog, worker: Worker) -> Reply:
+def send(tokenizers: Tokenizers, catalog: ModelCatalog, worker: FakeWorker) -> Reply:
     client = cast(AsyncClient, None)  # nothing is fetched or refreshed: the tokenizer is held and the catalog fresh
     return asyncio.run(send_tokenized(tokenizers, catalog, client, MODEL, list(TEXTS), {}, worker))
 
 
 def test_ids_answered_are_sent_once_and_are_the_tokenizers_own() -> None:
     tokenizers, catalog = sender([0.0])
-    worker = Worker(Status.OK, Status.OK)
+    worker = FakeWorker(Status.OK, Status.OK)
     assert send(tokenizers, catalog, worker).status is Status.OK and worker.forms == ["ids"]
     tokenized = tokenizers.tokenized(cast(AsyncClient, None), MODEL, FINGERPRINT, list(TEXTS), {})
     assert tokenized is not None
@@ -66,7 +66,7 @@ def test_ids_answered_are_sent_once_and_are_the_tokenizers_own() -> None:
 def test_ids_refused_where_the_texts_pass_send_texts_until_the_retry_time() -> None:
     now = [100.0]
     tokenizers, catalog = sender(now)
-    worker = Worker(Status.BAD_REQUEST, Status.OK)
+    worker = FakeWorker(Status.BAD_REQUEST, Status.OK)
     reply = send(tokenizers, catalog, worker)
     assert reply.status is Status.OK and reply.message == "texts answered" and worker.forms == ["ids", "texts"]
     now[0] += RETRY_S - 1
@@ -80,7 +80,7 @@ def test_ids_refused_where_the_texts_pass_send_texts_until_the_retry_time() -> N
 
 def test_a_request_refused_as_ids_and_as_texts_gets_the_texts_answer_and_teaches_nothing() -> None:
     tokenizers, catalog = sender([0.0])
-    worker = Worker(Status.BAD_REQUEST, Status.BAD_REQUEST)
+    worker = FakeWorker(Status.BAD_REQUEST, Status.BAD_REQUEST)
     reply = send(tokenizers, catalog, worker)
     assert reply.status is Status.BAD_REQUEST and reply.message == "texts answered"
     send(tokenizers, catalog, worker)
@@ -90,14 +90,14 @@ def test_a_request_refused_as_ids_and_as_texts_gets_the_texts_answer_and_teaches
 def test_other_refusals_of_ids_are_not_sent_again() -> None:
     """An overloaded or lost answer is about the moment, not the form: the caller's own rules apply to it."""
     tokenizers, catalog = sender([0.0])
-    worker = Worker(Status.OVERLOADED, Status.OK)
+    worker = FakeWorker(Status.OVERLOADED, Status.OK)
     assert send(tokenizers, catalog, worker).status is Status.OVERLOADED and worker.forms == ["ids"]
 
 
 def test_a_text_the_tokenizer_cannot_take_goes_as_text_for_the_worker_to_judge() -> None:
     """A lone surrogate makes the tokenizer raise; the request goes once, as the caller gave it."""
     tokenizers, catalog = sender([0.0])
-    worker = Worker(Status.OK, Status.BAD_REQUEST)
+    worker = FakeWorker(Status.OK, Status.BAD_REQUEST)
     client = cast(AsyncClient, None)
     reply = asyncio.run(send_tokenized(tokenizers, catalog, client, MODEL, ["a\ud800b"], {}, worker))
     assert reply.status is Status.BAD_REQUEST and worker.forms == ["texts"]

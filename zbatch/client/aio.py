@@ -49,7 +49,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
-from zbatch.client.catalog import STATS_TIMEOUT_MS, ModelCatalog
+from zbatch.client.catalog import ModelCatalog
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
 from zbatch.client.stats import merge_stats
 from zbatch.client.tokenizing import TimeLeft, Tokenizers, send_tokenized
@@ -219,8 +219,8 @@ class AsyncClient:
         if self._tokenizers is None:
             return False
         info = self._catalog.known(self, model)
-        if info is None:  # not in the last answer, however recent: ask now, and wait as long as STATS may take
-            await self._catalog.wait_for_refresh(self, STATS_TIMEOUT_MS / 1000)
+        if info is None:  # not in the last answer, however recent: ask now, and wait for the answer (bounded)
+            await self._catalog.wait_for_refresh(self, None)
             info = self._catalog.known(self, model)
         return await self._tokenizers.prepared(self, model, None if info is None else info.tokenizer)
 

@@ -110,8 +110,9 @@ class ModelCatalog:
         """Seconds since the last answer, or since the last refresh that got none."""
         return self._clock() - self._taken_at
 
-    async def wait_for_refresh(self, client: StatsSource, wait_s: float = MISS_WAIT_S) -> None:
-        """Start a refresh, or join the one under way, and wait for it at most ``wait_s``."""
+    async def wait_for_refresh(self, client: StatsSource, wait_s: float | None = MISS_WAIT_S) -> None:
+        """Start a refresh, or join the one under way, and wait for it at most ``wait_s`` (None: until it ends, which
+        the brokers' STATS timeouts bound)."""
         refresh = self.start_refresh(client)
         try:
             await asyncio.wait_for(asyncio.shield(refresh), wait_s)
@@ -123,7 +124,7 @@ class ModelCatalog:
 
     def start_refresh(self, client: StatsSource) -> asyncio.Future[None]:
         """One refresh in the background: the one under way, if any (once closed, none: a finished future)."""
-        if self._refresh is None or self._refresh.done():
+        if self._refresh is None or self._refresh.done() or self._refresh.get_loop() is not asyncio.get_running_loop():
             if self._closed:
                 done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 done.set_result(None)

@@ -12,7 +12,9 @@ tokenizes where it can, and the worker runs the ids (PROTOCOL.md 5.2, 5.3):
    embeddings model with a fast tokenizer and no default prompt) names its
    tokenizer in READY by fingerprint (``tokenizer``, PROTOCOL.md 3.4); the
    brokers' STATS carry it (:mod:`zbatch.client.catalog`).
-2. The first request for such a model starts one fetch in the background: the
+2. Once the fingerprint is known (the first request for a model a sender
+   does not know yet starts a STATS refresh), the next request starts one
+   fetch in the background: the
    ``tokenizer`` operation (one item, admitted as a caller's request is), whose
    answer must hash to the fingerprint announced.  Until it lands, and for
    :data:`RETRY_S` after a failed fetch, texts travel as texts.
@@ -154,11 +156,18 @@ class Tokenizers:
         self._texts_until[model] = self._clock() + RETRY_S
 
     def _start_fetch(self, client: Sender, model: str, fingerprint: str) -> None:
+        under_way = self._fetches.get(fingerprint)
+        if under_way is not None and under_way.get_loop() is not asyncio.get_running_loop():
+            del self._fetches[fingerprint]  # left by a loop that closed (a client used again on a new loop)
         if self._closed or fingerprint in self._fetches or self._clock() < self._retry_at.get(fingerprint, -1.0):
             return
         task = asyncio.get_running_loop().create_task(self._fetch(client, model, fingerprint))
         self._fetches[fingerprint] = task
-        task.add_done_callback(lambda _: self._fetches.pop(fingerprint, None))
+        task.add_done_callback(lambda done: self._fetch_ended(fingerprint, done))
+
+    def _fetch_ended(self, fingerprint: str, task: asyncio.Task[None]) -> None:
+        if self._fetches.get(fingerprint) is task:  # not one a new loop's fetch replaced
+            del self._fetches[fingerprint]
 
     async def _fetch(self, client: Sender, model: str, fingerprint: str) -> None:
         try:
