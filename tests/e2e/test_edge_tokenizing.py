@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,12 +226,12 @@ def test_a_client_that_tokenizes_answers_as_the_worker_does_and_through_a_tokeni
     new = None
     try:
         async def until_tokenizing(client: AsyncClient) -> None:
-            for _ in range(600):  # the client learns the fingerprint from STATS, then fetches the tokenizer
+            """Requests, each awaited, until the client logs that it tokenizes: it learns the fingerprint from STATS,
+            then fetches the tokenizer, both started by requests."""
+            deadline = time.monotonic() + 60
+            while f"model {model}: texts are tokenized in this client from now on" not in caplog.text:
+                assert time.monotonic() < deadline, f"the client never tokenized: {caplog.text[-2000:]}"
                 await client.infer(model, ["a request while the tokenizer is fetched"])
-                if f"model {model}: texts are tokenized in this client from now on" in caplog.text:
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"the client never tokenized: {caplog.text[-2000:]}")
 
         async def scenario() -> tuple[list[Any], list[Any]]:
             nonlocal new

@@ -32,7 +32,6 @@ def test_a_refresh_left_pending_by_a_closed_loop_does_not_stop_the_next_loops() 
 
     async def start() -> None:
         catalog.start_refresh(brokers)
-        await asyncio.sleep(0)
 
     first.run_until_complete(start())
     first.close()  # its refresh never ends, and is never cancelled
