@@ -31,7 +31,8 @@ from gateway.config import GatewayConfig
 from gateway.metrics import MODEL
 from gateway.parsing import check_limits, request_priority, request_timeout_ms
 from gateway.tracing import REQUEST_ID
-from zbatch.client import AsyncClient, BadRequest, WorkerError, raise_for_status
+from zbatch.client import AsyncClient, WorkerError, raise_for_status
+from zbatch.client.aio import sendable_payload
 from zbatch.client.tokenizing import Send, TimeLeft, send_tokenized
 from zbatch.protocol import payloads, vocabulary, wire
 from zbatch.protocol.vocabulary import RUN
@@ -124,12 +125,8 @@ def _sender(call: Call, model: str, operation: str) -> Send:
         body: dict[str, Any] = {vocabulary.INPUTS: inputs, vocabulary.PARAMETERS: parameters}
         if operation != RUN:
             body[vocabulary.OPERATION] = operation
-        try:
-            payload = payloads.encode_payload(body)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
-        return await call.client.request(model, payload, items=len(inputs), timeout_ms=time_left.next_ms(),
-                                         priority=call.priority, trace=call.request_id)
+        return await call.client.request(model, sendable_payload(body), items=len(inputs),
+                                         timeout_ms=time_left.next_ms(), priority=call.priority, trace=call.request_id)
 
     return send
 

@@ -70,6 +70,14 @@ StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
 ELSEWHERE = frozenset({Status.NO_WORKER, Status.UNKNOWN_MODEL})
 
 
+def sendable_payload(body: dict[str, Any]) -> bytes:
+    """A request's payload (PROTOCOL.md 5.1); BadRequest, saying why, for inputs or parameters msgpack cannot carry."""
+    try:
+        return payloads.encode_payload(body)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
+
+
 @dataclass(eq=False)
 class _Pending:
     """A request waiting for its answer: where it is now, and what it takes to send it elsewhere."""
@@ -196,10 +204,7 @@ class AsyncClient:
         time_left = TimeLeft(timeout_ms, self.timeout_ms)
 
         async def send(inputs: list[Any], parameters: dict[str, Any]) -> Reply:
-            try:
-                payload = payloads.encode_payload({"inputs": inputs, "parameters": parameters})
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
+            payload = sendable_payload({"inputs": inputs, "parameters": parameters})
             return await self._request_retried(model, payload, len(inputs), time_left.next_ms(), priority, trace)
 
         if self._tokenizers is None:
