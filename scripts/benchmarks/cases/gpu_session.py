@@ -18,7 +18,9 @@
    :data:`WORKERS_PER_GPU` workers on the GPU: once the gateway tokenizes, the GPU is the bound, and fewer
    processes time-slicing it may each run larger batches;
 8. **client**: the bundled model over ZeroMQ at 1 and 512 clients of one text and 64 of 32, on one ``zbatch
-   serve``, with the clients' ``tokenize`` off (workers tokenize) and on (the load generator's clients tokenize).
+   serve``, with the clients' ``tokenize`` off (workers tokenize) and on (the load generator's clients tokenize);
+9. **lone**: one client's requests of one text, over ZeroMQ and HTTP, each timed mark by mark across the client,
+   the broker and the worker (:mod:`scripts.benchmarks.load.lone`): what sets the one-client p50.
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself; together they
 exceed one device call's 600 s, so run them in two calls (``--steps chaos,start,rates,fronts``, then
@@ -51,8 +53,9 @@ from scripts.benchmarks.cases.transitions import (
     section,
     staggered_row,
 )
-from scripts.benchmarks.common import procs
+from scripts.benchmarks.common import marks, procs
 from scripts.benchmarks.common.texts import sentences
+from scripts.benchmarks.load import lone
 from scripts.benchmarks.load.processes import collect, spread_closed_loop, start_children
 from scripts.benchmarks.systems.shapes import BERT_BASE, E5_SMALL, Shape, mean_tokens, shaped_model
 from zbatch.testing import Daemons, spawn_serve
@@ -62,7 +65,7 @@ QUICK_CHAOS = ChaosPlan(16, 12.0, 3.0, 5.0, ("worker-0", "broker-1"))
 START_CLIENTS, START_SECONDS = 512, 25.0
 LAYOUTS = ((1, 4), (2, 4), (2, 8))  # (brokers, gateway processes); the first is zbatch serve's default
 STEP_LIMITS_S = {"chaos": 150.0, "start": 90.0, "rates": 150.0, "fronts": 130.0, "unpadded": 120.0, "edge": 100.0,
-                 "workers": 150.0, "client": 150.0}
+                 "workers": 150.0, "client": 150.0, "lone": 90.0}
 SHAPED = "shaped"
 WORKERS_PER_GPU = (1, 2, 4)  # the last is zbatch serve's choice on a 16-core host
 
@@ -74,13 +77,14 @@ class Session:
         self.out, self.quick = out, quick
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.tables: list[str] = []  # Markdown of the steps that report more than rows (lone)
         self.windows = (0.5, 1.5) if quick else (2.0, 6.0)
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "gpu-session.json").write_text(json.dumps({"notes": self.notes, "rows": self.rows}, indent=1,
                                                               default=str))
-        (self.out / "gpu-session.md").write_text("\n".join(report(self.rows, self.notes)) + "\n")
+        (self.out / "gpu-session.md").write_text("\n".join([*report(self.rows, self.notes), *self.tables]) + "\n")
 
     async def load(self, kind: str, target: str, model: str, clients: int, texts: int = 1,
                    tokenize: bool = False) -> dict[str, Any]:
@@ -218,6 +222,21 @@ async def client_step(session: Session, path: str, name: str) -> None:
                 session.save()
 
 
+async def lone_step(session: Session, path: str, name: str) -> None:
+    """One client, one text a request, over ZeroMQ and HTTP on one ``zbatch serve``, each stage of a request timed
+    from the marks of every process (the client's in this process over ZeroMQ, in the gateway's over HTTP)."""
+    folder = Path(tempfile.mkdtemp(prefix="zbatch-marks-"))
+    uninstall = marks.install_now(lone.CLIENT_POINTS, folder)
+    try:
+        with Daemons() as daemons:
+            served = await serve(daemons, path, name, "lone", env=lone.marked_env(folder), brokers=1)
+            windows = await lone.lone_windows(("zmq", "http"), served.url, served.frontend, name, *session.windows)
+    finally:
+        uninstall()
+    marked = await asyncio.to_thread(marks.read_marks, folder)
+    session.tables += [lone.report(f"lone, {name}, {lone.path_title(w.path)}", marked, w) for w in windows]
+
+
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:
     """One step within its time limit; a failure is noted and the next step runs."""
     procs.log(f"gpu session: {name}")
@@ -287,6 +306,7 @@ async def main(out: Path, quick: bool, steps: list[str]) -> None:
         "edge": lambda: edge_step(session, path, name),
         "workers": lambda: workers_step(session, folders[shapes[-1]], shapes[-1]),
         "client": lambda: client_step(session, path, name),
+        "lone": lambda: lone_step(session, path, name),
     }
     for each in steps:
         await step(session, each, work[each])

@@ -114,16 +114,19 @@ class Stack:
     client_tokenize: bool = False  # the ZeroMQ clients tokenize for the worker (AsyncClient's ``tokenize``)
 
 
-def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = False) -> Stack:
+def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize: bool = False,
+                env: dict[str, str] | None = None) -> Stack:
     """A broker, one worker serving model ``simulated`` on :class:`EmbeddingSleepRunner` (batches of up to
-    :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front.  The worker
-    finds the runner by this module's import name, which ``python -m`` keeps in ``__spec__``."""
-    broker = daemons.add(start_broker(daemons.log_dir))
-    daemons.add(start_worker(broker, daemons.log_dir, "worker", env={COST_ENV: f"{batch_ms},{item_ms}"}, workers=1,
-                             torch_threads=1, task=f"python:{__spec__.name}:{EmbeddingSleepRunner.__name__}",
+    :data:`MAX_BATCH`, tokenized ahead, one torch thread), and a gateway of one process in front, each daemon
+    with ``env`` added to its environment.  The worker finds the runner by this module's import name, which
+    ``python -m`` keeps in ``__spec__``."""
+    env = env or {}
+    broker = daemons.add(start_broker(daemons.log_dir, env=env))
+    daemons.add(start_worker(broker, daemons.log_dir, "worker", env=env | {COST_ENV: f"{batch_ms},{item_ms}"},
+                             workers=1, torch_threads=1, task=f"python:{__spec__.name}:{EmbeddingSleepRunner.__name__}",
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=free_port(),
                              tokenize_ahead="true", max_batch_size=MAX_BATCH))
-    url = procs.start_deployed_gateway(daemons, broker, edge_tokenize=edge_tokenize)
+    url = procs.start_deployed_gateway(daemons, broker, edge_tokenize=edge_tokenize, env=env)
     return Stack(f"{url}/models/{MODEL}", broker.frontend, daemons.pids())
 
 

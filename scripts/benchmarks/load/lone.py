@@ -1,0 +1,122 @@
+"""One client's requests, timed mark by mark across the client, the broker and the worker: what sets its pace.
+
+The daemons run with :func:`marked_env` (each marks :data:`~scripts.benchmarks.load.lone_points.POINTS` through
+:mod:`scripts.benchmarks.common.marks`), and the measuring process marks its own ``AsyncClient`` with
+:data:`CLIENT_POINTS`.  :func:`lone_windows` sends one text a request from one closed-loop client over each path
+in turn, over ZeroMQ (this process's ``AsyncClient``) and over HTTP (through the gateway, whose own
+``AsyncClient`` is then the client marked); :func:`report` gives, per stage between two marks, the median and
+mean µs and the stage's share of the mean cycle from one send to the next.  Over HTTP the last row, the client's
+side between an answer and the next request, holds the gateway's HTTP handling, the HTTP hops and the load
+generator.  A mark costs about a microsecond, so stages of a few µs are within it.
+
+``python -m scripts.benchmarks.studies.lone_path`` runs it on the CPU's simulated accelerator; the ``gpu_session``
+step ``lone`` against ``zbatch serve`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.benchmarks.common import marks
+from scripts.benchmarks.common.texts import shuffled
+from scripts.benchmarks.load import calls
+from scripts.benchmarks.load import loops as load
+from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, CLIENT_SENDS, POINTS, SEQUENCE
+from zbatch.client import AsyncClient
+
+HOOK = Path(__file__).with_name("marks_hook")  # its sitecustomize marks POINTS in a daemon
+CLIENT_POINTS = tuple(point for point in POINTS if point.module == "zbatch.client.aio")  # the measuring process's
+LABELS = tuple(label for label, _ in SEQUENCE)
+STAGES = tuple(stage for _, stage in SEQUENCE[:-1])
+
+
+@dataclass(frozen=True)
+class Window:
+    """One path's measured window on the marks' clock (perf_counter_ns), and the client's figures in it."""
+
+    path: str
+    start_ns: int
+    end_ns: int
+    p50_ms: float | None
+    req_s: float
+
+
+def marked_env(folder: Path) -> dict[str, str]:
+    """What a daemon's environment needs to mark :data:`POINTS` into ``folder``."""
+    return marks.daemon_env(folder, HOOK)
+
+
+def timelines(marked: Sequence[marks.Mark]) -> tuple[list[list[int]], list[int]]:
+    """Each whole request's marks (ns, in :data:`LABELS` order), and the client's gaps from an answer to its
+    next request.  A request starts at each ``client: sends``; the first later mark of each next label is its
+    own (a broker's flush or a worker's heartbeat between them is skipped); one left incomplete when the next
+    request starts (a STATS request, which never reaches a worker) is dropped."""
+    whole: list[list[int]] = []
+    gaps: list[int] = []
+    current: list[int] = []
+    last_answer: int | None = None
+    for ns, label in marked:
+        if label == CLIENT_SENDS:
+            if last_answer is not None:
+                gaps.append(ns - last_answer)
+            current, last_answer = [ns], None
+        elif current and label == LABELS[len(current)]:
+            current.append(ns)
+            if len(current) == len(LABELS):
+                whole.append(current)
+                current, last_answer = [], ns
+    return whole, gaps
+
+
+def report(title: str, marked: Sequence[marks.Mark], window: Window) -> str:
+    """The Markdown table of one window's stages, from the marks inside it."""
+    inside = [mark for mark in marked if window.start_ns <= mark[0] <= window.end_ns]
+    whole, gaps = timelines(inside)
+    if not whole:
+        return f"\n{title}: no whole request was marked (labels seen: {sorted({label for _, label in inside})})"
+    rows = [(stage, [(each[i + 1] - each[i]) / 1000 for each in whole]) for i, stage in enumerate(STAGES)]
+    if gaps:
+        rows.append((BETWEEN_REQUESTS, [gap / 1000 for gap in gaps]))
+    cycle = sum(statistics.fmean(spans) for _, spans in rows)
+    lines = [f"\n{title}: {len(whole):,} requests marked, {window.req_s:,.0f} req/s, the client's p50 "
+             f"{window.p50_ms or 0:.2f} ms", "",
+             "| stage | p50 µs | mean µs | share of the mean cycle |", "|---|---|---|---|"]
+    for stage, spans in rows:
+        mean = statistics.fmean(spans)
+        lines.append(f"| {stage} | {statistics.median(spans):,.0f} | {mean:,.0f} | {mean / cycle:.0%} |")
+    lines.append(f"| **one cycle, from a send to the next** | | **{cycle:,.0f}** | |")
+    return "\n".join(lines)
+
+
+@asynccontextmanager
+async def one_client(path: str, url: str, frontend: str, model: str) -> AsyncIterator[load.Call]:
+    """One text a request over ``path``: the gateway's Hugging Face route at ``url``, or ``AsyncClient.infer``."""
+    if path == "http":
+        async with calls.http_session(limit=1) as session:
+            yield calls.http_call(session, f"{url}/models/{model}", shuffled())
+    else:
+        async with AsyncClient(frontend) as client:
+            yield calls.zmq_infer_call(client, model, shuffled())
+
+
+async def lone_windows(paths: Sequence[str], url: str, frontend: str, model: str, warmup_s: float,
+                       seconds: float) -> list[Window]:
+    """One client's closed loop over each path in turn ("zmq", "http"), each measured window on the marks' clock."""
+    windows = []
+    for path in paths:
+        async with one_client(path, url, frontend, model) as call:
+            began = time.perf_counter_ns()
+            result = await load.closed_loop(call, 1, warmup_s, seconds)
+        windows.append(Window(path, began + int(warmup_s * 1e9), began + int((warmup_s + seconds) * 1e9),
+                              result.get("p50_ms"), result["req_s"]))
+    return windows
+
+
+def path_title(path: str) -> str:
+    return ("HTTP (the client marked is the gateway's)" if path == "http"
+            else "ZeroMQ (the client marked is this process's)")

@@ -1,0 +1,95 @@
+"""The lone request study's own logic: marks written by real processes, requests found among other marks, the table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from scripts.benchmarks.common import marks
+from scripts.benchmarks.load import lone
+from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, POINTS
+
+SUBPROCESS_TIMEOUT_S = 120.0
+
+
+def _request(start_ns: int, step_ns: int = 10_000) -> list[marks.Mark]:
+    """One whole request's marks, ``step_ns`` apart, from ``start_ns``."""
+    return [(start_ns + index * step_ns, label) for index, label in enumerate(lone.LABELS)]
+
+
+def test_a_request_is_found_among_flushes_heartbeats_and_a_request_that_never_reached_a_worker() -> None:
+    first = _request(0)
+    stats = [(200_000, "client: sends"), (205_000, "broker: request in"), (206_000, "broker: sent"),
+             (210_000, "client: receives")]
+    second = _request(300_000, step_ns=20_000)
+    noise = [(5_000, "broker: sent"),  # a flush before the request came in: not the request's
+             (45_000, "worker: reply out"),  # a heartbeat before the worker had the request
+             (305_000, "broker: sent")]
+    whole, gaps = lone.timelines(sorted(first + stats + second + noise))
+    assert whole == [[ns for ns, _ in first], [ns for ns, _ in second]]
+    # From a whole request's answer to the next send (the STATS request's); the STATS answer starts no gap.
+    assert gaps == [200_000 - first[-1][0]]
+
+
+def test_the_report_times_each_stage_from_the_marks_inside_its_window() -> None:
+    marked = _request(0) + _request(1_000_000) + _request(5_000_000, step_ns=50_000)
+    window = lone.Window("zmq", 0, 2_000_000, 1.5, 700.0)
+    lines = lone.report("ZeroMQ", marked, window).splitlines()
+    assert "2 requests marked" in lines[1]
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| stage")]
+    assert len(rows) == len(lone.STAGES) + 2  # the stages, the client's side between requests, the cycle
+    # 16 stages of 10 µs, and 840 µs from the first answer (at 160 µs) to the second send (at 1,000 µs): the
+    # third request and the gap before it lie outside the window.
+    assert len(lone.STAGES) == 16
+    assert rows[0] == f"| {lone.STAGES[0]} | 10 | 10 | 1% |"
+    assert rows[-2] == f"| {BETWEEN_REQUESTS} | 840 | 840 | 84% |"
+    assert rows[-1] == "| **one cycle, from a send to the next** | | **1,000** | |"
+
+
+def test_a_window_without_a_whole_request_says_which_marks_it_saw() -> None:
+    marked = [(10, "client: sends"), (20, "broker: request in")]
+    text = lone.report("HTTP", marked, lone.Window("http", 0, 100, None, 0))
+    assert "no whole request" in text and "broker: request in" in text
+
+
+def test_a_process_started_with_the_hook_marks_a_module_it_imports(tmp_path: Path) -> None:
+    """The import hook and the recorder in a real interpreter: calls and returns marked, written at exit."""
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "sample_module.py").write_text("def work(value):\n    return value * 2\n")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent("""
+        from scripts.benchmarks.common.marks import Point, install_at_import
+        install_at_import([Point("sample_module", "work", on_call="work: in", on_return="work: out")])
+    """))
+    folder = tmp_path / "marks"
+    folder.mkdir()
+    env = marks.daemon_env(folder, hook)
+    env["PYTHONPATH"] += f":{tmp_path / 'modules'}"
+    code = "import sample_module; assert sample_module.work(2) == 4; sample_module.work(3)"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert [label for _, label in marks.read_marks(folder)] == ["work: in", "work: out", "work: in", "work: out"]
+
+
+def test_every_point_of_the_study_names_a_function_the_daemons_have(tmp_path: Path) -> None:
+    """A renamed method would crash a marked daemon at import: each point is wrapped in a real interpreter."""
+    modules = sorted({point.module for point in POINTS})
+    code = "import importlib, sys\n" + "\n".join(
+        f"assert hasattr(importlib.import_module({point.module!r}).{point.qualname}, '__wrapped__'), "
+        f"{point.qualname!r}" for point in POINTS)
+    env = lone.marked_env(tmp_path)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            timeout=SUBPROCESS_TIMEOUT_S)
+    assert result.returncode == 0, (modules, result.stderr[-2000:])
+
+
+def test_marks_installed_in_this_process_come_off_again(tmp_path: Path) -> None:
+    from zbatch.client.aio import AsyncClient
+
+    original = AsyncClient._send
+    uninstall = marks.install_now(lone.CLIENT_POINTS, tmp_path)
+    assert AsyncClient._send is not original and AsyncClient._send.__wrapped__ is original  # type: ignore[attr-defined]
+    uninstall()
+    assert AsyncClient._send is original
