@@ -29,6 +29,8 @@ running sees a new connection: either way the request runs again and has one
 answer.  The overload breaker
 (:mod:`zbatch.client.breaker`) keeps each broker's verdicts apart: a request
 one broker would refuse goes to another rather than being refused here.
+What the client does as a broker goes and comes back is in
+:mod:`zbatch.client.failover`; the sending, waiting and reading here.
 """
 
 from __future__ import annotations
@@ -40,17 +42,16 @@ import random
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from zbatch.client.breaker import ADMITTED, OverloadBreaker
 from zbatch.client.brokers import BrokerSet
 from zbatch.client.catalog import ModelCatalog
 from zbatch.client.errors import BadRequest, BrokerUnavailable, WorkerError, ZBatchError, raise_for_status
+from zbatch.client.failover import HEARTBEAT, BrokerLoss, Pending
 from zbatch.client.stats import merge_stats
 from zbatch.client.tokenizing import TimeLeft, Tokenizers, send_tokenized
 from zbatch.protocol import payloads, wire
@@ -59,9 +60,7 @@ from zbatch.runtime.curve import CurveKeys
 from zbatch.runtime.settings import split_endpoints
 from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 
-HEARTBEAT = wire.encode_heartbeat()
 GROUPED = wire.HEADERS[wire.Command.REPLIES]
-DISCONNECT_GRACE_S = 0.1
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
@@ -78,26 +77,7 @@ def sendable_payload(body: dict[str, Any]) -> bytes:
         raise BadRequest(f"inputs or parameters cannot be sent: {exc}") from None
 
 
-@dataclass(eq=False)
-class _Pending:
-    """A request waiting for its answer: where it is now, and what it takes to send it elsewhere."""
-
-    request_id: bytes
-    future: asyncio.Future[Reply]
-    broker: int
-    request: Request | None = None  # None: a STATS, which belongs to its broker
-    deadline: float = 0.0  # time.monotonic() of the request's own deadline, for a replay's timeout
-    timeout_ms: int = 0  # its deadline as the broker counts it, for the breaker
-    sent_at: float = 0.0  # time.monotonic() of its last send, for the breaker
-    answered_by: int = -1  # the broker whose answer settled it
-    moved_from: set[int] = field(default_factory=set)
-
-    @property
-    def items(self) -> int:
-        return 0 if self.request is None else self.request.items
-
-
-class AsyncClient:
+class AsyncClient(BrokerLoss):
     """Pipelined requests to one broker, or spread over several; use as ``async with``."""
 
     def __init__(
@@ -161,7 +141,7 @@ class AsyncClient:
             monitor = f"inproc://zbatch-client-monitor.{socket.FD}"
             socket.monitor(monitor, events)
             self._monitors.append(open_socket(self._context, zmq.PAIR, connect=monitor))
-        self._pending: dict[bytes, _Pending] = {}
+        self._pending: dict[bytes, Pending] = {}
         self._stranded: dict[bytes, float] = {}  # one broker: requests outstanding when its connection dropped
         self._dropped_at: float | None = None  # one broker: when its connection dropped, until it is back
         self._prefix = os.urandom(4)
@@ -258,7 +238,7 @@ class AsyncClient:
         """
         request = Request(self._new_id(), model, items, payload, timeout_ms, priority, trace, grouped=True)
         own_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        pending = _Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
+        pending = Pending(request.request_id, asyncio.get_running_loop().create_future(), -1, request,
                            time.monotonic() + own_ms / 1000, own_ms)
         refusal = await self._place(pending)
         if refusal is not None:
@@ -269,7 +249,7 @@ class AsyncClient:
         return reply
 
     @staticmethod
-    def _learn(breaker: OverloadBreaker, pending: _Pending, reply: Reply) -> None:
+    def _learn(breaker: OverloadBreaker, pending: Pending, reply: Reply) -> None:
         """What the answer tells the breaker about the broker that gave it: a refusal, or an admission."""
         request = pending.request
         assert request is not None
@@ -321,7 +301,7 @@ class AsyncClient:
 
     # ------------------------------------------------------------ sending
 
-    async def _place(self, pending: _Pending) -> Reply | None:
+    async def _place(self, pending: Pending) -> Reply | None:
         """Send the request to the best live broker its breaker lets through; a Reply: refused here.
 
         A broker whose verdicts cover the request may still take it as their probe, when no other can.
@@ -355,7 +335,7 @@ class AsyncClient:
                 raise BrokerUnavailable(self._nowhere_text())
             await asyncio.sleep(SEND_RETRY_S)
 
-    def _connect_deadline(self, pending: _Pending, started: float) -> float:
+    def _connect_deadline(self, pending: Pending, started: float) -> float:
         """Until when a request first tried at ``started`` waits for a connection: ``connect_timeout_ms``;
         for a lone broker whose connection dropped, the liveness window after the drop (it is likely
         restarting); never past the request's own deadline."""
@@ -364,14 +344,14 @@ class AsyncClient:
             give_up_at = max(give_up_at, self._dropped_at + self.brokers.expiry_s)
         return min(give_up_at, pending.deadline) if pending.deadline else give_up_at
 
-    def _covered(self, index: int, pending: _Pending) -> int | None:
+    def _covered(self, index: int, pending: Pending) -> int | None:
         """How long the verdicts of broker ``index`` that cover the request have left (ms); None: none do."""
         request = pending.request
         if self._breaker is None or request is None:
             return None
         return self._breaker.refusing((index, request.model), request.items, pending.timeout_ms, request.priority)
 
-    def _send(self, index: int, pending: _Pending, frames: list[bytes]) -> bool:
+    def _send(self, index: int, pending: Pending, frames: list[bytes]) -> bool:
         """Send a request to broker ``index`` and wait for its answer there; False if it cannot go now."""
         if not self._try_send(index, frames):
             return False
@@ -392,7 +372,7 @@ class AsyncClient:
         return (f"no broker of {self.endpoint} is connected and answering heartbeats; start zbatch-broker "
                 "or check the addresses")
 
-    async def _wait(self, pending: _Pending, wait_ms: int) -> Reply:
+    async def _wait(self, pending: Pending, wait_ms: int) -> Reply:
         """The answer, or BrokerUnavailable after ``wait_ms``; a caller who gives up cancels the request."""
         request_id = pending.request_id
         future = pending.future
@@ -408,7 +388,7 @@ class AsyncClient:
             timer.cancel()
             self._forget(request_id, pending)
 
-    def _forget(self, request_id: bytes, pending: _Pending) -> None:
+    def _forget(self, request_id: bytes, pending: Pending) -> None:
         self._stranded.pop(request_id, None)
         if self._pending.get(request_id) is pending:
             del self._pending[request_id]
@@ -416,7 +396,7 @@ class AsyncClient:
         if pending.future.done() and not pending.future.cancelled():
             pending.future.exception()  # a connection lost before the send failed: already reported by the raise
 
-    def _give_up(self, pending: _Pending, wait_ms: int) -> None:
+    def _give_up(self, pending: Pending, wait_ms: int) -> None:
         if not pending.future.done():
             endpoint = self.endpoints[pending.broker]
             pending.future.set_exception(BrokerUnavailable(f"no answer from the broker at {endpoint} within "
@@ -438,7 +418,7 @@ class AsyncClient:
         if not self.brokers[index].live and self.brokers.watch:
             raise BrokerUnavailable(self._dead_text(index))
         request_id = self._new_id()
-        pending = _Pending(request_id, asyncio.get_running_loop().create_future(), index)
+        pending = Pending(request_id, asyncio.get_running_loop().create_future(), index)
         frames = wire.encode_stats_query(request_id)
         give_up_at = time.monotonic() + self.connect_timeout_ms / 1000
         while not self._try_send(index, frames):
@@ -479,61 +459,9 @@ class AsyncClient:
                 pending.future.set_exception(BrokerUnavailable(
                     f"reading replies from {self.endpoints[pending.broker]} failed: {error!r}"))
 
-    def _on_event(self, index: int, frames: list[bytes]) -> None:
-        """A connection event: a drop fails (or moves) what is pending there, once the grace has passed.
 
-        The broker's last answers can reach this socket just after the event, so they are taken first.
-        """
-        if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self.brokers.watch:
-                self._try_send(index, HEARTBEAT)  # a broker back: its answer makes it live again
-            else:
-                self._dropped_at = None
-                self._resend_stranded(index)
-            return
-        if not self.brokers.watch:
-            self._dropped_at = time.monotonic()  # new requests wait for it from now on
-        asyncio.get_running_loop().call_later(DISCONNECT_GRACE_S, self._connection_lost, index)
 
-    def _connection_lost(self, index: int) -> None:
-        if self._poller is not None:
-            self._poller.wake()
-        if self.brokers.watch:
-            if self.brokers.lost(index):
-                self._broker_died(index)
-            return
-        lost = BrokerUnavailable(
-            f"lost the connection to the broker at {self.endpoints[index]}; the request may not have run"
-        )
-        now = time.monotonic()
-        for request_id, pending in self._pending.items():
-            if pending.future.done():
-                continue
-            if pending.request is not None and self.replay:
-                self._stranded.setdefault(request_id, now)
-            else:
-                pending.future.set_exception(lost)
-        self._resend_stranded(index)  # the connection may be back already
-        asyncio.get_running_loop().call_later(self.brokers.expiry_s, self._abandon_stranded, lost)
 
-    def _abandon_stranded(self, lost: BrokerUnavailable) -> None:
-        """Fail what has waited the liveness window for its broker to come back."""
-        too_old = time.monotonic() - self.brokers.expiry_s
-        for request_id, stranded_at in list(self._stranded.items()):
-            pending = self._pending.get(request_id)
-            if stranded_at <= too_old and pending is not None and not pending.future.done():
-                pending.future.set_exception(lost)
-
-    def _resend_stranded(self, index: int) -> None:
-        """One broker, back (or maybe back): send it again what its dropped connection stranded, each with
-        the time it has left; what cannot go now waits for the next handshake, or its own deadline."""
-        for request_id in list(self._stranded):
-            pending = self._pending.get(request_id)
-            if pending is None or pending.future.done() or pending.request is None:
-                del self._stranded[request_id]
-            elif self._try_send(index, self._frames_with_time_left(pending)):
-                del self._stranded[request_id]
-                pending.sent_at = time.monotonic()
 
     def _deliver(self, index: int, frames: list[bytes]) -> None:
         if self.brokers.watch and self.brokers.heard(index):
@@ -574,73 +502,3 @@ class AsyncClient:
             pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
             self._try_send(pending.broker, wire.encode_cancel(reply.request_id))
 
-    # ------------------------------------------------------ several brokers
-
-    def _watch(self) -> float | None:
-        """After each wake: give up silent brokers, heartbeat every broker when due; the next wake."""
-        for index in self.brokers.silent():
-            self._broker_died(index)
-        if self.brokers.heartbeat_due():
-            for index in range(len(self._sockets)):
-                self._try_send(index, HEARTBEAT)
-        return self.brokers.next_wakeup()
-
-    def _broker_died(self, index: int) -> None:
-        """Move what is outstanding at a dead broker to live ones, or fail it; its verdicts die with it."""
-        self._forget_verdicts(index)
-        why = self._dead_text(index)
-        for request_id, pending in list(self._pending.items()):
-            if pending.broker != index or pending.future.done():
-                continue
-            if pending.request is None or not self.replay or not self._replay(request_id, pending):
-                pending.future.set_exception(BrokerUnavailable(
-                    f"{why}; the request may not have run"
-                    + ("" if pending.request is None or not self.replay else ", and no other broker is live")))
-
-    def _dead_text(self, index: int) -> str:
-        return (f"the broker at {self.endpoints[index]} is not answering heartbeats: it "
-                f"{self.brokers[index].obituary(self.brokers.clock())}")
-
-    def _replay(self, request_id: bytes, pending: _Pending, avoid: set[int] | None = None) -> bool:
-        """Send a request again to the best live broker (not one of ``avoid``), with the time left;
-        False if none takes it."""
-        old = pending.broker
-        avoid = avoid or {old}
-        frames = self._frames_with_time_left(pending)
-        for index in self.brokers.order():
-            if index not in avoid and self._try_send(index, frames):
-                pending.broker, pending.sent_at = index, time.monotonic()
-                pending.moved_from.add(old)
-                self.brokers.moved(request_id, old, index, pending.items)
-                return True
-        return False
-
-    @staticmethod
-    def _frames_with_time_left(pending: _Pending) -> list[bytes]:
-        """The request again, its timeout what is left of its own deadline."""
-        request = pending.request
-        assert request is not None
-        remaining_ms = max(1, round((pending.deadline - time.monotonic()) * 1000))
-        return wire.encode_request(Request(pending.request_id, request.model, request.items, request.payload,
-                                           remaining_ms, request.priority, request.trace, grouped=True))
-
-    def _elsewhere(self, request_id: bytes, pending: _Pending) -> bool:
-        """Send a request a broker had no worker for (``ELSEWHERE``) to a live broker it has not been to;
-        False if none."""
-        if not self.brokers.watch or pending.request is None:
-            return False
-        tried = {pending.broker, *pending.moved_from}
-        if all(index in tried for index in self.brokers.order()):
-            return False
-        return self._replay(request_id, pending, avoid=tried)
-
-    def _rejoined(self, index: int) -> None:
-        """A dead broker answers again: cancel there what was moved away from it while it was gone.  It may
-        be a new process, with a state of its own: what an old one refused says nothing of it."""
-        self._forget_verdicts(index)
-        for request_id in self.brokers.take_moved_away(index):
-            self._try_send(index, wire.encode_cancel(request_id))
-
-    def _forget_verdicts(self, index: int) -> None:
-        if self._breaker is not None:
-            self._breaker.forget(lambda key: isinstance(key, tuple) and key[0] == index)
