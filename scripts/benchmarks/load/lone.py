@@ -4,10 +4,10 @@ The daemons run with :func:`marked_env` (each marks :data:`~scripts.benchmarks.l
 :mod:`scripts.benchmarks.common.marks`), and the measuring process marks its own ``AsyncClient`` with
 :data:`CLIENT_POINTS`.  :func:`lone_windows` sends one text a request from one closed-loop client over each path
 in turn, over ZeroMQ (this process's ``AsyncClient``) and over HTTP (through the gateway, whose own
-``AsyncClient`` is then the client marked); :func:`report` gives, per stage between two marks, the median and
-mean µs and the stage's share of the mean cycle from one send to the next.  Over HTTP the last row, the client's
-side between an answer and the next request, holds the gateway's HTTP handling, the HTTP hops and the load
-generator.  A mark costs about a microsecond, so stages of a few µs are within it.
+``AsyncClient`` is then the client marked, with the gateway's HTTP side marked too); :func:`report` gives, per
+stage between two marks (:data:`~scripts.benchmarks.load.lone_points.SEQUENCES`), the median and mean µs and the
+stage's share of the mean cycle from one request to the next.  A mark costs about a microsecond, so stages of a
+few µs are within it.
 
 ``python -m scripts.benchmarks.studies.lone_path`` runs it on the CPU's simulated accelerator; the ``gpu_session``
 step ``lone`` against ``zbatch serve`` on CUDA.
@@ -26,13 +26,20 @@ from scripts.benchmarks.common import marks
 from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load import calls
 from scripts.benchmarks.load import loops as load
-from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, CLIENT_SENDS, POINTS, SEQUENCE
+from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, POINTS, SEQUENCES
 from zbatch.client import AsyncClient
 
 HOOK = Path(__file__).with_name("marks_hook")  # its sitecustomize marks POINTS in a daemon
 CLIENT_POINTS = tuple(point for point in POINTS if point.module == "zbatch.client.aio")  # the measuring process's
-LABELS = tuple(label for label, _ in SEQUENCE)
-STAGES = tuple(stage for _, stage in SEQUENCE[:-1])
+
+def labels(path: str) -> tuple[str, ...]:
+    """The marks of one request over ``path``, in order."""
+    return tuple(label for label, _ in SEQUENCES[path])
+
+
+def stages(path: str) -> tuple[str, ...]:
+    """What runs between each mark of a request over ``path`` and the next."""
+    return tuple(stage for _, stage in SEQUENCES[path][:-1])
 
 
 @dataclass(frozen=True)
@@ -51,23 +58,23 @@ def marked_env(folder: Path) -> dict[str, str]:
     return marks.daemon_env(folder, HOOK)
 
 
-def timelines(marked: Sequence[marks.Mark]) -> tuple[list[list[int]], list[int]]:
-    """Each whole request's marks (ns, in :data:`LABELS` order), and the client's gaps from an answer to its
-    next request.  A request starts at each ``client: sends``; the first later mark of each next label is its
-    own (a broker's flush or a worker's heartbeat between them is skipped); one left incomplete when the next
-    request starts (a STATS request, which never reaches a worker) is dropped."""
+def timelines(marked: Sequence[marks.Mark], order: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+    """Each whole request's marks (ns, in the ``order`` of :func:`labels`), and the gaps from a whole request's
+    last mark to the next one's first.  A request starts at each mark of ``order[0]``; the first later mark of
+    each next label is its own (a broker's flush or a worker's heartbeat between them is skipped); one left
+    incomplete when the next request starts (a STATS request, which never reaches a worker) is dropped."""
     whole: list[list[int]] = []
     gaps: list[int] = []
     current: list[int] = []
     last_answer: int | None = None
     for ns, label in marked:
-        if label == CLIENT_SENDS:
+        if label == order[0]:
             if last_answer is not None:
                 gaps.append(ns - last_answer)
             current, last_answer = [ns], None
-        elif current and label == LABELS[len(current)]:
+        elif current and label == order[len(current)]:
             current.append(ns)
-            if len(current) == len(LABELS):
+            if len(current) == len(order):
                 whole.append(current)
                 current, last_answer = [], ns
     return whole, gaps
@@ -76,12 +83,13 @@ def timelines(marked: Sequence[marks.Mark]) -> tuple[list[list[int]], list[int]]
 def report(title: str, marked: Sequence[marks.Mark], window: Window) -> str:
     """The Markdown table of one window's stages, from the marks inside it."""
     inside = [mark for mark in marked if window.start_ns <= mark[0] <= window.end_ns]
-    whole, gaps = timelines(inside)
+    whole, gaps = timelines(inside, labels(window.path))
     if not whole:
         return f"\n{title}: no whole request was marked (labels seen: {sorted({label for _, label in inside})})"
-    rows = [(stage, [(each[i + 1] - each[i]) / 1000 for each in whole]) for i, stage in enumerate(STAGES)]
+    rows = [(stage, [(each[i + 1] - each[i]) / 1000 for each in whole])
+            for i, stage in enumerate(stages(window.path))]
     if gaps:
-        rows.append((BETWEEN_REQUESTS, [gap / 1000 for gap in gaps]))
+        rows.append((BETWEEN_REQUESTS[window.path], [gap / 1000 for gap in gaps]))
     cycle = sum(statistics.fmean(spans) for _, spans in rows)
     lines = [f"\n{title}: {len(whole):,} requests marked, {window.req_s:,.0f} req/s, the client's p50 "
              f"{window.p50_ms or 0:.2f} ms", "",
@@ -89,7 +97,7 @@ def report(title: str, marked: Sequence[marks.Mark], window: Window) -> str:
     for stage, spans in rows:
         mean = statistics.fmean(spans)
         lines.append(f"| {stage} | {statistics.median(spans):,.0f} | {mean:,.0f} | {mean / cycle:.0%} |")
-    lines.append(f"| **one cycle, from a send to the next** | | **{cycle:,.0f}** | |")
+    lines.append(f"| **one cycle, from a request to the next** | | **{cycle:,.0f}** | |")
     return "\n".join(lines)
 
 
@@ -118,5 +126,4 @@ async def lone_windows(paths: Sequence[str], url: str, frontend: str, model: str
 
 
 def path_title(path: str) -> str:
-    return ("HTTP (the client marked is the gateway's)" if path == "http"
-            else "ZeroMQ (the client marked is this process's)")
+    return "HTTP (through the gateway)" if path == "http" else "ZeroMQ (the client is this process's AsyncClient)"

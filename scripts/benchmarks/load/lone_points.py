@@ -1,7 +1,9 @@
-"""Where the lone request study marks the daemons, and the stages between its marks.
+"""Where the lone request study marks the daemons, and the stages between its marks, path by path.
 
 Kept apart from :mod:`scripts.benchmarks.load.lone` so that a daemon's ``sitecustomize`` can name them before
-it imports any of the modules marked (``lone`` imports the client's).
+it imports any of the modules marked (``lone`` imports the client's).  A point must be a function looked up
+when it is called (a method, or a module's function that other modules import by name after it has run): a
+reference taken while its own module runs, such as a route table's handler, keeps the unmarked function.
 """
 
 from __future__ import annotations
@@ -9,10 +11,15 @@ from __future__ import annotations
 from scripts.benchmarks.common.marks import Point
 
 CLIENT_SENDS, CLIENT_RECEIVES = "client: sends", "client: receives"
+GATEWAY_BYTES_IN, GATEWAY_ANSWER_BUILT = "gateway: bytes in", "gateway: answer built"
+GATEWAY_ANSWER_WRITTEN = "gateway: answer written"
 
 POINTS = (
     Point("zbatch.client.aio", "AsyncClient._send", on_call=CLIENT_SENDS),
     Point("zbatch.client.aio", "AsyncClient._deliver", on_call=CLIENT_RECEIVES),
+    Point("gateway.connections", "Connection.data_received", on_call=GATEWAY_BYTES_IN),
+    Point("gateway.responses", "json_response", on_return=GATEWAY_ANSWER_BUILT),
+    Point("aiohttp.http_writer", "StreamWriter._send_headers_with_payload", on_return=GATEWAY_ANSWER_WRITTEN),
     Point("broker.server", "BrokerServer._from_client", on_call="broker: request in"),
     Point("broker.server", "BrokerServer._from_worker", on_call="broker: reply in"),
     Point("broker.server", "BrokerServer._flush", on_return="broker: sent"),
@@ -26,9 +33,9 @@ POINTS = (
     Point("worker.runners.text", "TextRunner.run_planned", on_call="model: starts", on_return="model: ends"),
 )
 
-# One request of one text at one client, mark by mark, and what runs between each mark and the next.
-SEQUENCE = (
-    (CLIENT_SENDS, "client → broker (a ZeroMQ hop)"),
+# From the client's send to its receive, mark by mark, and what runs between each mark and the next.
+_THROUGH_THE_DAEMONS = (
+    (CLIENT_SENDS, "client → broker (a ZeroMQ hop, with the client's send)"),
     ("broker: request in", "broker: admit and dispatch"),
     ("broker: sent", "broker → worker (a ZeroMQ hop)"),
     ("worker: request in", "worker: decode, accept, schedule (I/O loop)"),
@@ -41,9 +48,22 @@ SEQUENCE = (
     ("model: starts", "the model (to host memory)"),
     ("model: ends", "inference thread → I/O loop (a thread wake)"),
     ("worker: batch back", "worker: answer and pack (I/O loop)"),
-    ("worker: reply out", "worker → broker (a ZeroMQ hop)"),
+    ("worker: reply out", "worker → broker (a ZeroMQ hop, with the worker's send)"),
     ("broker: reply in", "broker: forward the reply"),
     ("broker: sent", "broker → client (a ZeroMQ hop)"),
-    (CLIENT_RECEIVES, ""),
 )
-BETWEEN_REQUESTS = "the client's side, from one answer to its next request"
+
+# Per path: one request's marks and stages (a request starts at its first mark; its last mark's stage is
+# empty), and what runs from its last mark to the next request's first.
+SEQUENCES = {
+    "zmq": (*_THROUGH_THE_DAEMONS, (CLIENT_RECEIVES, "")),
+    "http": ((GATEWAY_BYTES_IN, "gateway: HTTP parsing, middlewares, handler, up to the send"),
+             *_THROUGH_THE_DAEMONS,
+             (CLIENT_RECEIVES, "gateway: the reply decoded, the answer's JSON built"),
+             (GATEWAY_ANSWER_BUILT, "gateway: the middlewares' ends, the response written"),
+             (GATEWAY_ANSWER_WRITTEN, "")),
+}
+BETWEEN_REQUESTS = {
+    "zmq": "the client's side, from an answer to its next request",
+    "http": "from the answer written to the next request's bytes: the HTTP hops and the load generator",
+}

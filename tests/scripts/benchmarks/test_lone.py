@@ -11,12 +11,14 @@ from scripts.benchmarks.common import marks
 from scripts.benchmarks.load import lone
 from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, POINTS
 
+ZMQ = lone.labels("zmq")
+
 SUBPROCESS_TIMEOUT_S = 120.0
 
 
-def _request(start_ns: int, step_ns: int = 10_000) -> list[marks.Mark]:
-    """One whole request's marks, ``step_ns`` apart, from ``start_ns``."""
-    return [(start_ns + index * step_ns, label) for index, label in enumerate(lone.LABELS)]
+def _request(start_ns: int, step_ns: int = 10_000, path: str = "zmq") -> list[marks.Mark]:
+    """One whole request's marks over ``path``, ``step_ns`` apart, from ``start_ns``."""
+    return [(start_ns + index * step_ns, label) for index, label in enumerate(lone.labels(path))]
 
 
 def test_a_request_is_found_among_flushes_heartbeats_and_a_request_that_never_reached_a_worker() -> None:
@@ -27,7 +29,7 @@ def test_a_request_is_found_among_flushes_heartbeats_and_a_request_that_never_re
     noise = [(5_000, "broker: sent"),  # a flush before the request came in: not the request's
              (45_000, "worker: reply out"),  # a heartbeat before the worker had the request
              (305_000, "broker: sent")]
-    whole, gaps = lone.timelines(sorted(first + stats + second + noise))
+    whole, gaps = lone.timelines(sorted(first + stats + second + noise), ZMQ)
     assert whole == [[ns for ns, _ in first], [ns for ns, _ in second]]
     # From a whole request's answer to the next send (the STATS request's); the STATS answer starts no gap.
     assert gaps == [200_000 - first[-1][0]]
@@ -39,13 +41,25 @@ def test_the_report_times_each_stage_from_the_marks_inside_its_window() -> None:
     lines = lone.report("ZeroMQ", marked, window).splitlines()
     assert "2 requests marked" in lines[1]
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| stage")]
-    assert len(rows) == len(lone.STAGES) + 2  # the stages, the client's side between requests, the cycle
     # 16 stages of 10 µs, and 840 µs from the first answer (at 160 µs) to the second send (at 1,000 µs): the
     # third request and the gap before it lie outside the window.
-    assert len(lone.STAGES) == 16
-    assert rows[0] == f"| {lone.STAGES[0]} | 10 | 10 | 1% |"
-    assert rows[-2] == f"| {BETWEEN_REQUESTS} | 840 | 840 | 84% |"
-    assert rows[-1] == "| **one cycle, from a send to the next** | | **1,000** | |"
+    stages = lone.stages("zmq")
+    assert len(rows) == len(stages) + 2 and len(stages) == 16
+    assert rows[0] == f"| {stages[0]} | 10 | 10 | 1% |"
+    assert rows[-2] == f"| {BETWEEN_REQUESTS['zmq']} | 840 | 840 | 84% |"
+    assert rows[-1] == "| **one cycle, from a request to the next** | | **1,000** | |"
+
+
+def test_over_http_a_request_runs_from_the_gateway_s_bytes_to_its_answer_written() -> None:
+    """The gateway's own stages come first and last; its client's marks in between are the ZeroMQ path's."""
+    http = lone.labels("http")
+    assert http[0] == "gateway: bytes in" and http[-2:] == ("gateway: answer built", "gateway: answer written")
+    assert http[1:-2] == ZMQ
+    marked = _request(0, path="http") + _request(1_000_000, path="http")
+    whole, gaps = lone.timelines(marked, http)
+    assert len(whole) == 2 and gaps == [1_000_000 - marked[len(http) - 1][0]]
+    assert lone.timelines(marked, ZMQ)[0] == [[ns for ns, _ in marked[1:len(http) - 2]],
+                                               [ns for ns, _ in marked[len(http) + 1:-2]]]
 
 
 def test_a_window_without_a_whole_request_says_which_marks_it_saw() -> None:
