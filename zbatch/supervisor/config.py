@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from zbatch.runtime import wakeup
 from zbatch.runtime.logs import LOG_FORMATS
 from zbatch.runtime.settings import check_endpoints, load, option, split_endpoints
 from zbatch.supervisor import layout
@@ -65,6 +66,11 @@ class ServeConfig:
     restart_max_delay_ms: int = option(30_000, "the longest wait before a restart", minimum=0)
     restart_reset_ms: int = option(60_000, "a daemon that has been ready this long starts again from "
                                            "restart_delay_ms when it next exits", minimum=0)
+    cpu_wake_latency_us: int = option(
+        wakeup.HOST_POLICY, "while the stack runs, keep this host's idle cores in idle states they leave within this "
+        "many µs (Linux PM QoS, /dev/cpu_dma_latency; needs root): 0 keeps them polling, which takes the cores' "
+        "wake-ups out of each hop of a lone request, at the cost of idle power; -1: the host's own policy",
+        minimum=wakeup.HOST_POLICY)
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
 

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from zbatch.hub import CONFIG_EXIT_CODE, Fetched, ModelUnavailable, fetch, is_hub_id
+from zbatch.runtime import wakeup
 from zbatch.runtime.logs import setup_logging
 from zbatch.supervisor.config import ServeConfig, load_config
 from zbatch.supervisor.policy import BAD_SETTINGS_EXIT, Backoff, Supervision
@@ -57,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                   serving=lambda: serving_line(config, placement))
     log.info("starting %s and the gateway on port %d; fronts: %s; %s; SIGTERM or Ctrl-C stops them",
              started(placement), config.port, placement.fronts.describe(), stack.tokenizing)
-    sys.exit(asyncio.run(shell.run()))
+    with wakeup.held(config.cpu_wake_latency_us, log):
+        code = asyncio.run(shell.run())
+    sys.exit(code)
 
 
 def started(placement: Placement) -> str:

@@ -20,7 +20,8 @@
 8. **client**: the bundled model over ZeroMQ at 1 and 512 clients of one text and 64 of 32, on one ``zbatch
    serve``, with the clients' ``tokenize`` off (workers tokenize) and on (the load generator's clients tokenize);
 9. **lone**: one client's requests of one text, over ZeroMQ and HTTP, each timed mark by mark across the client,
-   the broker and the worker (:mod:`scripts.benchmarks.load.lone`): what sets the one-client p50.
+   the broker and the worker (:mod:`scripts.benchmarks.load.lone`): what sets the one-client p50; then again with
+   every core held out of deep idle states (:mod:`zbatch.runtime.wakeup`), to price the cores' wake-ups.
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself; together they
 exceed one device call's 600 s, so run them in two calls (``--steps chaos,start,rates,fronts``, then
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -58,6 +60,7 @@ from scripts.benchmarks.common.texts import sentences
 from scripts.benchmarks.load import lone
 from scripts.benchmarks.load.processes import collect, spread_closed_loop, start_children
 from scripts.benchmarks.systems.shapes import BERT_BASE, E5_SMALL, Shape, mean_tokens, shaped_model
+from zbatch.runtime import wakeup
 from zbatch.testing import Daemons, spawn_serve
 
 GPU_CHAOS = ChaosPlan(256, 75.0, 5.0, 12.0, ("worker-0", "worker-1", "broker-0", "worker-2", "broker-1"))
@@ -224,17 +227,31 @@ async def client_step(session: Session, path: str, name: str) -> None:
 
 async def lone_step(session: Session, path: str, name: str) -> None:
     """One client, one text a request, over ZeroMQ and HTTP on one ``zbatch serve``, each stage of a request timed
-    from the marks of every process (the client's in this process over ZeroMQ, in the gateway's over HTTP)."""
+    from the marks of every process (the client's in this process over ZeroMQ, in the gateway's over HTTP); then
+    the same with the cores held out of deep idle states, where this process may hold them."""
+    session.notes.append(f"lone: {wakeup.idle_states()}")
     folder = Path(tempfile.mkdtemp(prefix="zbatch-marks-"))
     uninstall = marks.install_now(lone.CLIENT_POINTS, folder)
+    titled: list[tuple[str, lone.Window]] = []
     try:
         with Daemons() as daemons:
             served = await serve(daemons, path, name, "lone", env=lone.marked_env(folder), brokers=1)
-            windows = await lone.lone_windows(("zmq", "http"), served.url, served.frontend, name, *session.windows)
+
+            async def titled_windows(how: str) -> list[tuple[str, lone.Window]]:
+                windows = await lone.lone_windows(("zmq", "http"), served.url, served.frontend, name, *session.windows)
+                return [(f"lone, {name}, {lone.path_title(w.path)}, {how}", w) for w in windows]
+
+            titled += await titled_windows("cores idling as the host sets")
+            with wakeup.held(0, logging.getLogger("zbatch.bench")) as held:
+                if held:
+                    titled += await titled_windows("cores held out of deep idle (cpu_dma_latency 0)")
+                else:
+                    session.notes.append("lone: /dev/cpu_dma_latency could not be held, so no run kept the cores "
+                                         "out of deep idle")
     finally:
         uninstall()
     marked = await asyncio.to_thread(marks.read_marks, folder)
-    session.tables += [lone.report(f"lone, {name}, {lone.path_title(w.path)}", marked, w) for w in windows]
+    session.tables += [lone.report(title, marked, window) for title, window in titled]
 
 
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:

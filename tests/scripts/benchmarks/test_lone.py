@@ -107,3 +107,4 @@ def test_marks_installed_in_this_process_come_off_again(tmp_path: Path) -> None:
     assert AsyncClient._send is not original and AsyncClient._send.__wrapped__ is original  # type: ignore[attr-defined]
     uninstall()
     assert AsyncClient._send is original
+

@@ -1,0 +1,78 @@
+"""The hold on this host's idle states (zbatch/runtime/wakeup.py), in this process and in a real ``zbatch serve``.
+
+Where this process may not write Linux's PM QoS file the holding tests skip; CI runs as root, where they run.
+A hold by another process on the host (a test beside this one) can only lower the value read, so each test
+checks its own process's open file and the value 0 while it holds, never the value after.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.daemons import wait_until
+from zbatch.runtime import wakeup
+from zbatch.testing import START_TIMEOUT_S, spawn_serve
+
+may_hold = pytest.mark.skipif(not os.access(wakeup.PM_QOS, os.W_OK), reason=f"{wakeup.PM_QOS} is not writable here")
+log = logging.getLogger("test.wakeup")
+
+
+def holds_pm_qos(pid: int) -> bool:
+    """Whether process ``pid`` has the PM QoS file open."""
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fd) == str(wakeup.PM_QOS) for fd in fds.iterdir() if fd.is_symlink())
+
+
+def bound_us() -> int:
+    with wakeup.PM_QOS.open("rb") as qos:
+        value: int = struct.unpack("i", qos.read(4))[0]
+        return value
+
+
+def test_the_idle_states_line_names_the_driver_and_each_state_with_its_wake_time() -> None:
+    line = wakeup.idle_states()
+    assert line.startswith("idle driver "), line
+    for state in (wakeup.CPUS / "cpu0" / "cpuidle").glob("state*"):
+        assert f"{(state / 'name').read_text().strip()} {(state / 'latency').read_text().strip()} µs" in line
+
+
+def test_the_host_s_policy_takes_no_hold() -> None:
+    with wakeup.held(wakeup.HOST_POLICY, log) as held:
+        assert held is False and not holds_pm_qos(os.getpid())
+
+
+@may_hold
+def test_a_hold_keeps_idle_cores_polling_while_inside_and_ends_with_it(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, log.name), wakeup.held(0, log) as held:
+        assert held and holds_pm_qos(os.getpid()) and bound_us() == 0
+    assert not holds_pm_qos(os.getpid())
+    assert "holding this host's cores in idle states they leave within 0 µs" in caplog.text
+
+
+def test_a_hold_that_cannot_be_taken_is_a_warning_saying_what_would_allow_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """FAKE: the file made absent (as in a container without it), since a root test cannot be refused it."""
+    monkeypatch.setattr(wakeup, "PM_QOS", tmp_path / "cpu_dma_latency")
+    with caplog.at_level(logging.WARNING, log.name), wakeup.held(0, log) as held:
+        assert held is False
+    assert "cpu_wake_latency_us=0 is not held" in caplog.text and "run as root" in caplog.text
+
+
+@may_hold
+def test_zbatch_serve_holds_the_cores_while_it_runs(tmp_path: Path) -> None:
+    """A real ``zbatch serve`` (a broker and the gateway: no workers, so it starts at once) asked for 0 µs."""
+    served = spawn_serve(tmp_path, "zbatch-serve", workers=0, processes=1, cpu_wake_latency_us=0)
+    try:
+        def holding() -> bool:
+            served.check()
+            return "holding this host's cores" in served.log_path.read_text(errors="replace")
+
+        wait_until(holding, START_TIMEOUT_S, "zbatch serve to take the hold", served.log)
+        assert holds_pm_qos(served.process.pid) and bound_us() == 0
+    finally:
+        assert served.stop(60) == 0, served.log()

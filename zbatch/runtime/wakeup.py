@@ -1,0 +1,69 @@
+"""How soon an idle core wakes: a hold that keeps this host's cores out of slow idle states while a program runs.
+
+Theory of operation
+-------------------
+A core with nothing to run enters an idle state, and the deeper the state the longer the core takes to leave it
+when work arrives (each state's exit latency, in sysfs).  A lone request crosses several processes and threads,
+and each hop hands it to a thread whose core may be idle: the client's send wakes the broker, the broker's
+wakes the worker's I/O loop, which wakes its inference thread, and back.  Where cores sleep deeply, or a virtual
+machine's idle vCPUs halt and wait for the host to run them again, every such hop pays a wake-up that no
+profile of the daemons shows (BENCHMARKS.md, "One client's request, stage by stage").
+
+Linux bounds it through its PM QoS file ``/dev/cpu_dma_latency``: while a process holds the file open with a
+number of µs written to it, no core enters an idle state that takes longer to leave; 0 keeps idle cores polling.
+That costs power while the host is idle, and it is the host's policy, so nothing holds it unless asked:
+``zbatch serve --cpu-wake-latency-us N`` holds it for as long as the stack runs (:func:`held`).  Closing the file,
+or the process ending, releases it.  Writing it takes root (or a file mode that allows it); the shipped systemd
+units run as their own user without device access, so there the host's own tuning sets it (``tuned-adm profile
+latency-performance`` holds it at 1 µs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PM_QOS = Path("/dev/cpu_dma_latency")
+CPUS = Path("/sys/devices/system/cpu")
+HOST_POLICY = -1  # the setting's value that leaves the host's idle states as they are
+
+
+def idle_states(cpu: int = 0) -> str:
+    """One line: the idle driver and ``cpu``'s idle states with the µs each takes to leave."""
+    driver_file = CPUS / "cpuidle" / "current_driver"
+    driver = driver_file.read_text().strip() if driver_file.exists() else "none"
+    states = []
+    for state in sorted((CPUS / f"cpu{cpu}" / "cpuidle").glob("state*"), key=lambda path: int(path.name[5:])):
+        name, latency = (state / "name").read_text().strip(), (state / "latency").read_text().strip()
+        disabled = (state / "disable").exists() and (state / "disable").read_text().strip() == "1"
+        states.append(f"{name} {latency} µs" + (" (disabled)" if disabled else ""))
+    return f"idle driver {driver}; cpu{cpu}'s idle states: {', '.join(states) or 'none listed'}"
+
+
+@contextmanager
+def held(max_wake_us: int, log: logging.Logger) -> Iterator[bool]:
+    """While inside, keep every core of this host in idle states it leaves within ``max_wake_us`` µs; yields
+    whether the hold is on.  :data:`HOST_POLICY` asks for none; a hold this process may not take is logged as a
+    warning, with what would allow it, and the program goes on without it."""
+    if max_wake_us == HOST_POLICY:
+        yield False
+        return
+    try:
+        fd = os.open(PM_QOS, os.O_WRONLY)
+    except OSError as exc:
+        log.warning("cpu_wake_latency_us=%d is not held: %s cannot be opened for writing (%s); run as root, or "
+                    "set the host's own policy (tuned-adm profile latency-performance)", max_wake_us, PM_QOS,
+                    exc.strerror or exc)
+        yield False
+        return
+    try:
+        os.write(fd, struct.pack("i", max_wake_us))
+        log.info("holding this host's cores in idle states they leave within %d µs while running (%s; %s)",
+                 max_wake_us, PM_QOS, idle_states())
+        yield True
+    finally:
+        os.close(fd)
