@@ -29,19 +29,25 @@ from pathlib import Path
 
 PM_QOS = Path("/dev/cpu_dma_latency")
 CPUS = Path("/sys/devices/system/cpu")
+HALT_POLL = Path("/sys/module/haltpoll/parameters")  # a KVM guest's idle driver: how long it polls before halting
 HOST_POLICY = -1  # the setting's value that leaves the host's idle states as they are
 
 
 def idle_states(cpu: int = 0) -> str:
-    """One line: the idle driver and ``cpu``'s idle states with the µs each takes to leave."""
-    driver_file = CPUS / "cpuidle" / "current_driver"
-    driver = driver_file.read_text().strip() if driver_file.exists() else "none"
+    """One line: the idle driver and governor, ``cpu``'s idle states with the µs each takes to leave, and a
+    virtual machine's guest halt-polling window where it has one."""
+    def read(path: Path) -> str:
+        return path.read_text().strip() if path.exists() else "?"
+
     states = []
     for state in sorted((CPUS / f"cpu{cpu}" / "cpuidle").glob("state*"), key=lambda path: int(path.name[5:])):
-        name, latency = (state / "name").read_text().strip(), (state / "latency").read_text().strip()
-        disabled = (state / "disable").exists() and (state / "disable").read_text().strip() == "1"
-        states.append(f"{name} {latency} µs" + (" (disabled)" if disabled else ""))
-    return f"idle driver {driver}; cpu{cpu}'s idle states: {', '.join(states) or 'none listed'}"
+        disabled = read(state / "disable") == "1"
+        states.append(f"{read(state / 'name')} {read(state / 'latency')} µs" + (" (disabled)" if disabled else ""))
+    halt_poll = HALT_POLL / "guest_halt_poll_ns"
+    return (f"idle driver {read(CPUS / 'cpuidle' / 'current_driver')}, governor "
+            f"{read(CPUS / 'cpuidle' / 'current_governor_ro')}; cpu{cpu}'s idle states: "
+            f"{', '.join(states) or 'none listed'}" + (f"; guest halt polling {read(halt_poll)} ns"
+                                                         if halt_poll.exists() else ""))
 
 
 @contextmanager

@@ -25,12 +25,10 @@ CPUs accounts for (see BENCHMARKS.md, Analysis); the ``idle`` case of
 from __future__ import annotations
 
 import argparse
-import os
-import struct
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -39,40 +37,21 @@ from scripts.benchmarks.common import batches, procs
 from scripts.benchmarks.load import calls, loops
 from scripts.benchmarks.systems.accelerator import MODEL, start_simulated_worker
 from zbatch.client import AsyncClient
-from zbatch.runtime import eventloop
+from zbatch.runtime import eventloop, wakeup
 from zbatch.testing import Daemons, start_broker
 
-CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
-CPUIDLE = Path("/sys/devices/system/cpu")
 TEXTS = ["a short text"]
 PATHS = ("zmq", "http", "bare")
 
 
 @contextmanager
 def poll_idle() -> Iterator[None]:
-    """Hold every CPU in its polling idle state (a PM QoS latency request of 0 µs) until the block ends."""
-    try:
-        fd = os.open(CPU_DMA_LATENCY, os.O_WRONLY)
-    except OSError as exc:
-        raise SystemExit(f"--poll-idle needs write access to {CPU_DMA_LATENCY} ({exc.strerror}): run as root, "
-                         "or leave --poll-idle out") from None
-    try:
-        os.write(fd, struct.pack("i", 0))
+    """Hold every CPU in its polling idle state until the block ends (:func:`zbatch.runtime.wakeup.held`, 0 µs)."""
+    with wakeup.held(0, logging.getLogger("zbatch.bench")) as held:
+        if not held:
+            raise SystemExit(f"--poll-idle needs write access to {wakeup.PM_QOS}: run as root, or leave --poll-idle "
+                             "out")
         yield
-    finally:
-        os.close(fd)  # the kernel drops the request when its file closes
-
-
-def idle_states() -> str:
-    """The kernel's cpuidle driver, governor and idle states, and the guest halt-polling window if any."""
-    def read(path: Path) -> str:
-        return path.read_text().strip() if path.exists() else "?"
-
-    states = ", ".join(read(d / "name") for d in sorted((CPUIDLE / "cpu0" / "cpuidle").glob("state*")))
-    line = (f"cpuidle driver {read(CPUIDLE / 'cpuidle' / 'current_driver')}, governor "
-            f"{read(CPUIDLE / 'cpuidle' / 'current_governor_ro')}, states: {states or 'none'}")
-    halt_poll = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
-    return line + (f"; guest halt polling {read(halt_poll)} ns" if halt_poll.exists() else "")
 
 
 ModelTime = Callable[[], Awaitable[tuple[float, float]]]  # (model seconds so far, model calls so far)
@@ -190,7 +169,7 @@ def main() -> None:
     if args.poll_idle:
         with poll_idle():  # fail before starting anything if the hold is not allowed
             pass
-    print(f"The model sleeps instead of computing. Idle CPUs: {idle_states()}.")
+    print(f"The model sleeps instead of computing. Idle CPUs: {wakeup.idle_states()}.")
     print("p50 ms of one closed-loop client (in brackets: minus the model's own mean time per call, and how often "
           "the threads of the path's processes, load generator included, slept per request).")
     print("\n| model ms | idle CPUs | zbatch, ZMQ client | zbatch, HTTP | bare aiohttp, model in the handler |\n"
