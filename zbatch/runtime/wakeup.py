@@ -31,6 +31,7 @@ PM_QOS = Path("/dev/cpu_dma_latency")
 CPUS = Path("/sys/devices/system/cpu")
 HALT_POLL = Path("/sys/module/haltpoll/parameters")  # a KVM guest's idle driver: how long it polls before halting
 HOST_POLICY = -1  # the setting's value that leaves the host's idle states as they are
+MAX_WAKE_US = 2_000_000_000  # the kernel's own bound when nothing is held
 
 
 def idle_states(cpu: int = 0) -> str:
@@ -50,12 +51,28 @@ def idle_states(cpu: int = 0) -> str:
                                                          if halt_poll.exists() else ""))
 
 
+def bound_us() -> int | None:
+    """The bound in force on this host's idle states (µs; :data:`MAX_WAKE_US`: none), or None where this process
+    may not read it."""
+    try:
+        with PM_QOS.open("rb") as qos:
+            value: int = struct.unpack("i", qos.read(4))[0]
+    except OSError:
+        return None
+    return value
+
+
 @contextmanager
 def held(max_wake_us: int, log: logging.Logger) -> Iterator[bool]:
     """While inside, keep every core of this host in idle states it leaves within ``max_wake_us`` µs; yields
     whether the hold is on.  :data:`HOST_POLICY` asks for none; a hold this process may not take is logged as a
     warning, with what would allow it, and the program goes on without it."""
     if max_wake_us == HOST_POLICY:
+        yield False
+        return
+    if not (CPUS / "cpuidle" / "current_driver").exists() or not (CPUS / "cpu0" / "cpuidle").exists():
+        log.warning("cpu_wake_latency_us=%d is not held: this host has no cpuidle driver, so its idle cores sleep "
+                    "as its kernel or hypervisor decides, and a PM QoS bound has nothing to limit", max_wake_us)
         yield False
         return
     try:

@@ -70,7 +70,8 @@ class ServeConfig:
         wakeup.HOST_POLICY, "while the stack runs, keep this host's idle cores in idle states they leave within this "
         "many µs (Linux PM QoS, /dev/cpu_dma_latency; needs root): 0 keeps them polling, which takes the cores' "
         "wake-ups out of each hop of a lone request, at the cost of idle power; -1: the host's own policy",
-        minimum=wakeup.HOST_POLICY)
+        minimum=wakeup.HOST_POLICY,
+        check=lambda us: None if us <= wakeup.MAX_WAKE_US else f"must be at most {wakeup.MAX_WAKE_US:,}")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "log lines as text for people or json for a log pipeline", choices=LOG_FORMATS)
 

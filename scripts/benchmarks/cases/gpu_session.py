@@ -24,8 +24,8 @@
    every core held out of deep idle states (:mod:`zbatch.runtime.wakeup`), to price the cores' wake-ups.
 
 Each step has its own time limit (:data:`STEP_LIMITS_S`), so one that hangs costs only itself; together they
-exceed one device call's 600 s, so run them in two calls (``--steps chaos,start,rates,fronts``, then
-``--steps unpadded,edge,workers,client``) or choose the steps a lease needs.  The results
+exceed one device call's 600 s, so run them in three calls (``--steps chaos,start,rates,fronts``, then
+``--steps unpadded,edge,workers``, then ``--steps client,lone``) or choose the steps a lease needs.  The results
 are written to ``DIR/gpu-session.json`` and ``DIR/gpu-session.md`` as each step ends.  Without CUDA,
 ``--quick`` runs every step in a short form on the CPU, to test the script before device time is spent on it.
 """
@@ -85,8 +85,8 @@ class Session:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "gpu-session.json").write_text(json.dumps({"notes": self.notes, "rows": self.rows}, indent=1,
-                                                              default=str))
+        (self.out / "gpu-session.json").write_text(json.dumps({"notes": self.notes, "rows": self.rows,
+                                                               "tables": self.tables}, indent=1, default=str))
         (self.out / "gpu-session.md").write_text("\n".join([*report(self.rows, self.notes), *self.tables]) + "\n")
 
     async def load(self, kind: str, target: str, model: str, clients: int, texts: int = 1,
@@ -228,30 +228,44 @@ async def client_step(session: Session, path: str, name: str) -> None:
 async def lone_step(session: Session, path: str, name: str) -> None:
     """One client, one text a request, over ZeroMQ and HTTP on one ``zbatch serve``, each stage of a request timed
     from the marks of every process (the client's in this process over ZeroMQ, in the gateway's over HTTP); then
-    the same with the cores held out of deep idle states, where this process may hold them."""
-    session.notes.append(f"lone: {wakeup.idle_states()}")
+    the same with the cores held out of deep idle states, where this process may hold them.  Each pass's tables
+    are saved as it ends, and made again from every mark once the stack has stopped."""
+    session.notes.append(f"lone: {wakeup.idle_states()}; the bound in force before the step: "
+                         f"{wakeup.bound_us()} µs (None: unreadable)")
+    if not session.quick:
+        session.notes.append("lone: over HTTP zbatch serve's gateway tokenizes where its workers run on GPUs "
+                             "(edge_tokenize), so its first stage holds the tokenizer and the worker's 'tokenizing' "
+                             "turns ids into its encoding; over ZeroMQ the worker tokenizes the texts")
     folder = Path(tempfile.mkdtemp(prefix="zbatch-marks-"))
     uninstall = marks.install_now(lone.CLIENT_POINTS, folder)
     titled: list[tuple[str, lone.Window]] = []
+    tables_before = len(session.tables)
+
+    def tabulate() -> None:
+        marked = marks.read_marks(folder)
+        session.tables[tables_before:] = [lone.report(title, marked, window) for title, window in titled]
+        session.save()
+
     try:
         with Daemons() as daemons:
             served = await serve(daemons, path, name, "lone", env=lone.marked_env(folder), brokers=1)
 
-            async def titled_windows(how: str) -> list[tuple[str, lone.Window]]:
+            async def timed(how: str) -> None:
                 windows = await lone.lone_windows(("zmq", "http"), served.url, served.frontend, name, *session.windows)
-                return [(f"lone, {name}, {lone.path_title(w.path)}, {how}", w) for w in windows]
+                titled.extend((f"lone, {name}, {lone.path_title(w.path)}, {how}", w) for w in windows)
+                await asyncio.to_thread(tabulate)
 
-            titled += await titled_windows("cores idling as the host sets")
+            await timed("cores idling as the host sets")
             with wakeup.held(0, logging.getLogger("zbatch.bench")) as held:
                 if held:
-                    titled += await titled_windows("cores held out of deep idle (cpu_dma_latency 0)")
+                    await timed("cores held out of deep idle (cpu_dma_latency 0)")
                 else:
-                    session.notes.append("lone: /dev/cpu_dma_latency could not be held, so no run kept the cores "
-                                         "out of deep idle")
+                    session.notes.append("lone: no pass with the cores held out of deep idle (the hold could not "
+                                         "be taken: see the log)")
     finally:
         uninstall()
-    marked = await asyncio.to_thread(marks.read_marks, folder)
-    session.tables += [lone.report(title, marked, window) for title, window in titled]
+    await asyncio.to_thread(tabulate)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 async def step(session: Session, name: str, work: Callable[[], Awaitable[None]]) -> None:

@@ -6,12 +6,13 @@ Never loaded by the product.  A daemon loads it only when its environment names 
 imported (``load/marks_hook`` marks :mod:`scripts.benchmarks.load.lone_points`).  The measuring process
 calls :func:`install_now` for its own modules.  A wrapped call records its
 point's label with ``time.perf_counter_ns()``, Linux's CLOCK_MONOTONIC, one clock for every process on the
-host, so the marks of several processes merge into one timeline.  Each process appends its marks to
-``FOLDER/<pid>.marks`` once it holds :data:`FLUSH_EVERY` of them or its oldest is :data:`FLUSH_AFTER_NS` old,
-and at exit.
+host, so the marks of several processes merge into one timeline, each mark with its process's pid.  A thread of
+the recorder's own appends a process's marks to ``FOLDER/<pid>.marks`` every :data:`FLUSH_EVERY_S`, and the
+process does at exit; none of that is on the marked functions' path.  A point its module lacks (a renamed method,
+another release of a library) is left out with a line on stderr, so a study cannot stop a daemon from starting.
 
-A mark costs a clock read and a list append (under a microsecond), and the wrapper's call: a study compares
-stages of tens of microseconds, and says so.
+A mark costs a clock read, a lock and a list append (about a microsecond), and the wrapper's call: a study
+compares stages of tens of microseconds, and says so.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import importlib.machinery
 import inspect
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,11 +32,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-FOLDER_ENV = "ZBATCH_STUDY_MARKS"  # the folder each process writes its marks to
-FLUSH_EVERY = 2_000
-FLUSH_AFTER_NS = 1_000_000_000
+FOLDER_ENV = "BENCH_MARKS_FOLDER"  # the folder each process writes its marks to
+FLUSH_EVERY_S = 0.5
 
-Mark = tuple[int, str]  # perf_counter_ns, label
+Mark = tuple[int, str, int]  # perf_counter_ns, label, pid
 
 
 @dataclass(frozen=True)
@@ -48,23 +49,34 @@ class Point:
 
 
 class _Recorder:
-    """This process's marks, appended to its file in the folder as the module says."""
+    """This process's marks, appended to its file in the folder by a thread of its own and at exit."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / f"{os.getpid()}.marks"
-        self.marks: list[Mark] = []
+        self.folder = folder
+        self.marks: list[tuple[int, str]] = []
+        self._lock = threading.Lock()
+        self._flusher_pid = 0  # the process whose flushing thread runs (a forked child starts its own)
         atexit.register(self.flush)
 
     def mark(self, label: str) -> None:
         now = time.perf_counter_ns()
-        self.marks.append((now, label))
-        if len(self.marks) >= FLUSH_EVERY or now - self.marks[0][0] >= FLUSH_AFTER_NS:
-            self.flush()
+        with self._lock:
+            self.marks.append((now, label))
+        if self._flusher_pid != os.getpid():
+            self._flusher_pid = os.getpid()
+            threading.Thread(target=self._flush_often, name="bench-marks", daemon=True).start()
 
     def flush(self) -> None:
-        marks, self.marks = self.marks, []
-        with self.path.open("a") as out:
-            out.writelines(f"{ns}\t{label}\n" for ns, label in marks)
+        with self._lock:
+            marks, self.marks = self.marks, []
+        if marks:
+            with (self.folder / f"{os.getpid()}.marks").open("a") as out:
+                out.writelines(f"{ns}\t{label}\n" for ns, label in marks)
+
+    def _flush_often(self) -> None:
+        while True:
+            time.sleep(FLUSH_EVERY_S)
+            self.flush()
 
 
 def _wrapped(function: Callable[..., Any], point: Point, recorder: _Recorder) -> Callable[..., Any]:
@@ -92,12 +104,17 @@ def _wrapped(function: Callable[..., Any], point: Point, recorder: _Recorder) ->
 
 
 def _patch(module: ModuleType, points: Iterable[Point], recorder: _Recorder) -> Callable[[], None]:
-    """Wrap each point of ``module``; returns what puts the originals back."""
+    """Wrap each point of ``module`` (one it lacks is left out, said on stderr); returns what puts the originals
+    back."""
     originals = []
     for point in points:
         owner_name, _, attribute = point.qualname.rpartition(".")
-        owner: Any = getattr(module, owner_name) if owner_name else module
-        original = getattr(owner, attribute)
+        owner: Any = getattr(module, owner_name, None) if owner_name else module
+        original = getattr(owner, attribute, None)
+        if original is None or isinstance(inspect.getattr_static(owner, attribute), staticmethod | classmethod):
+            sys.stderr.write(f"bench marks: {module.__name__}.{point.qualname} is not a plain function or method "
+                             "here: not marked\n")
+            continue
         originals.append((owner, attribute, original))
         setattr(owner, attribute, _wrapped(original, point, recorder))
 
@@ -166,10 +183,11 @@ def daemon_env(folder: Path, hook: Path) -> dict[str, str]:
 
 
 def read_marks(folder: Path) -> list[Mark]:
-    """Every process's marks in ``folder``, in time order."""
+    """Every process's marks in ``folder``, in time order, each with its process's pid."""
     marks: list[Mark] = []
     for path in folder.glob("*.marks"):
+        pid = int(path.stem)
         for line in path.read_text().splitlines():
             ns, _, label = line.partition("\t")
-            marks.append((int(ns), label))
+            marks.append((int(ns), label, pid))
     return sorted(marks)
