@@ -459,10 +459,6 @@ class AsyncClient(BrokerLoss):
                 pending.future.set_exception(BrokerUnavailable(
                     f"reading replies from {self.endpoints[pending.broker]} failed: {error!r}"))
 
-
-
-
-
     def _deliver(self, index: int, frames: list[bytes]) -> None:
         if self.brokers.watch and self.brokers.heard(index):
             self._rejoined(index)
@@ -501,4 +497,3 @@ class AsyncClient(BrokerLoss):
             pending.answered_by = index
             pending.future.set_result(reply)  # the first answer wins: the broker it was moved to can stop
             self._try_send(pending.broker, wire.encode_cancel(reply.request_id))
-

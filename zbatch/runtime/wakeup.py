@@ -14,8 +14,10 @@ number of µs written to it, no core enters an idle state that takes longer to l
 That costs power while the host is idle, and it is the host's policy, so nothing holds it unless asked:
 ``zbatch serve --cpu-wake-latency-us N`` holds it for as long as the stack runs (:func:`held`).  Closing the file,
 or the process ending, releases it.  Writing it takes root (or a file mode that allows it); the shipped systemd
-units run as their own user without device access, so there the host's own tuning sets it (``tuned-adm profile
-latency-performance`` holds it at 1 µs).
+units run as their own user without device access, so there it is the host's to set: a service of its own that
+holds the file, or tuned's ``force_latency``.  Tuned's latency-performance profile allows idle states that take up
+to a few µs to leave; on bare metal that keeps cores out of the deep ones, but a virtual machine's haltpoll idle
+state takes 1 µs by its own count, so there only 0 keeps the vCPUs polling.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def held(max_wake_us: int, log: logging.Logger) -> Iterator[bool]:
     try:
         fd = os.open(PM_QOS, os.O_WRONLY)
     except OSError as exc:
-        log.warning("cpu_wake_latency_us=%d is not held: %s cannot be opened for writing (%s); run as root, or "
-                    "set the host's own policy (tuned-adm profile latency-performance)", max_wake_us, PM_QOS,
+        log.warning("cpu_wake_latency_us=%d is not held: %s cannot be opened for writing (%s); run zbatch serve as "
+                    "root, or set the host's own policy (tuned's force_latency)", max_wake_us, PM_QOS,
                     exc.strerror or exc)
         yield False
         return

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 from scripts.benchmarks.common import marks
@@ -83,47 +82,41 @@ def test_a_window_without_a_whole_request_says_which_marks_it_saw() -> None:
     assert "no whole request" in text and "broker: request in" in text
 
 
-def test_a_process_started_with_the_hook_marks_a_module_it_imports(tmp_path: Path) -> None:
-    """The import hook and the recorder in a real interpreter: calls and returns marked, written at exit."""
+def run_hooked(tmp_path: Path, points: str, code: str) -> tuple[subprocess.CompletedProcess[str], list[marks.Mark]]:
+    """Run ``code`` in a real interpreter whose ``sitecustomize`` installs ``points`` (Python source of a list of
+    Points) on a module ``sample_module`` (``work(value)`` doubles it); what it did, and the marks it wrote."""
     (tmp_path / "modules").mkdir()
     (tmp_path / "modules" / "sample_module.py").write_text("def work(value):\n    return value * 2\n")
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent("""
-        from scripts.benchmarks.common.marks import Point, install_at_import
-        install_at_import([Point("sample_module", "work", on_call="work: in", on_return="work: out")])
-    """))
+    (hook / "sitecustomize.py").write_text("from scripts.benchmarks.common.marks import Point, install_at_import\n"
+                                           f"install_at_import({points})\n")
     folder = tmp_path / "marks"
     folder.mkdir()
     env = marks.daemon_env(folder, hook)
     env["PYTHONPATH"] += f":{tmp_path / 'modules'}"
-    code = "import os, sample_module; assert sample_module.work(2) == 4; sample_module.work(3); print(os.getpid())"
-    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=SUBPROCESS_TIMEOUT_S)
-    marked = marks.read_marks(folder)
+    return done, marks.read_marks(folder)
+
+
+def test_a_process_started_with_the_hook_marks_a_module_it_imports(tmp_path: Path) -> None:
+    """The import hook and the recorder in a real interpreter: calls and returns marked, written at exit."""
+    done, marked = run_hooked(tmp_path, '[Point("sample_module", "work", on_call="work: in", on_return="work: out")]',
+                              "import os, sample_module; assert sample_module.work(2) == 4; sample_module.work(3); "
+                              "print(os.getpid())")
+    assert done.returncode == 0, done.stderr
     assert [label for _, label, _ in marked] == ["work: in", "work: out", "work: in", "work: out"]
     assert {pid for _, _, pid in marked} == {int(done.stdout)}
 
 
 def test_a_point_its_module_lacks_is_left_out_and_the_process_runs(tmp_path: Path) -> None:
     """Another release of a library without a marked method must not stop a daemon from starting."""
-    (tmp_path / "modules").mkdir()
-    (tmp_path / "modules" / "sample_module.py").write_text("def work(value):\n    return value * 2\n")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent("""
-        from scripts.benchmarks.common.marks import Point, install_at_import
-        install_at_import([Point("sample_module", "gone", on_call="gone: in"),
-                           Point("sample_module", "work", on_call="work: in")])
-    """))
-    folder = tmp_path / "marks"
-    folder.mkdir()
-    env = marks.daemon_env(folder, hook)
-    env["PYTHONPATH"] += f":{tmp_path / 'modules'}"
-    done = subprocess.run([sys.executable, "-c", "import sample_module; sample_module.work(1)"], env=env,
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    done, marked = run_hooked(tmp_path, '[Point("sample_module", "gone", on_call="gone: in"), '
+                                        'Point("sample_module", "work", on_call="work: in")]',
+                              "import sample_module; sample_module.work(1)")
     assert done.returncode == 0 and "sample_module.gone is not a plain function" in done.stderr, done.stderr
-    assert [label for _, label, _ in marks.read_marks(folder)] == ["work: in"]
+    assert [label for _, label, _ in marked] == ["work: in"]
 
 
 def test_every_point_of_the_study_names_a_function_the_daemons_have(tmp_path: Path) -> None:
