@@ -71,7 +71,7 @@ def test_a_hold_that_cannot_be_taken_is_a_warning_saying_what_would_allow_it(
     monkeypatch.setattr(wakeup, "PM_QOS", tmp_path / "cpu_dma_latency")
     with caplog.at_level(logging.WARNING, log.name), wakeup.held(0, log) as held:
         assert held is False
-    assert "cpu_wake_latency_us=0 is not held" in caplog.text and "run as root" in caplog.text
+    assert "cpu_wake_latency_us=0 is not held" in caplog.text and "run zbatch serve as root" in caplog.text
 
 
 @may_hold
