@@ -22,7 +22,8 @@ POINTS = (
     Point("aiohttp.http_writer", "StreamWriter._send_headers_with_payload", on_return=GATEWAY_ANSWER_WRITTEN),
     Point("broker.server", "BrokerServer._from_client", on_call="broker: request in"),
     Point("broker.server", "BrokerServer._from_worker", on_call="broker: reply in"),
-    Point("broker.server", "BrokerServer._flush", on_return="broker: sent"),
+    # On its call: a mark after the send could come after the receiver's own, on a host with cores to spare.
+    Point("broker.server", "BrokerServer._flush", on_call="broker: sends"),
     Point("worker.link", "BrokerLink._receive", on_call="worker: request in"),
     Point("worker.link", "BrokerLink.send", on_call="worker: reply out"),
     Point("worker.engine", "InferenceThread.submit", on_call="worker: batch submitted"),
@@ -37,7 +38,7 @@ POINTS = (
 _THROUGH_THE_DAEMONS = (
     (CLIENT_SENDS, "client → broker (a ZeroMQ hop, with the client's send)"),
     ("broker: request in", "broker: admit and dispatch"),
-    ("broker: sent", "broker → worker (a ZeroMQ hop)"),
+    ("broker: sends", "broker → worker (a ZeroMQ hop, with the broker's send)"),
     ("worker: request in", "worker: decode, accept, schedule (I/O loop)"),
     ("worker: batch submitted", "I/O loop → inference thread (a thread wake)"),
     ("inference thread: batch taken", "inference thread: cores, then the batch's settling"),
@@ -50,7 +51,7 @@ _THROUGH_THE_DAEMONS = (
     ("worker: batch back", "worker: answer and pack (I/O loop)"),
     ("worker: reply out", "worker → broker (a ZeroMQ hop, with the worker's send)"),
     ("broker: reply in", "broker: forward the reply"),
-    ("broker: sent", "broker → client (a ZeroMQ hop)"),
+    ("broker: sends", "broker → client (a ZeroMQ hop, with the broker's send)"),
 )
 
 # Per path: one request's marks and stages (a request starts at its first mark; its last mark's stage is

@@ -32,7 +32,7 @@ def test_a_request_is_found_among_other_processes_marks_and_one_left_incomplete(
     first = _request(0)
     unanswered = [(200_000, "client: sends", PIDS["client"]), (205_000, "broker: request in", PIDS["broker"])]
     second = _request(300_000, step_ns=20_000)
-    noise = [(5_000, "broker: sent", PIDS["broker"]),  # a flush with nothing to send, before the request came in
+    noise = [(5_000, "broker: sends", PIDS["broker"]),  # a flush with nothing to send, before the request came in
              (35_000, "worker: request in", OTHER_WORKER),  # another worker's heartbeat, as the request travels
              (105_000, "worker: batch back", OTHER_WORKER)]
     whole, gaps = lone.timelines(sorted(first + unanswered + second + noise), ZMQ)
