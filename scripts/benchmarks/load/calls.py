@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load.loops import Call
 from zbatch.client import AsyncClient, ZBatchError
 from zbatch.protocol import payloads
@@ -97,3 +98,19 @@ def zmq_raw_call(client: AsyncClient, model: str, texts: list[str]) -> Call:
         return reply.status.value
 
     return call
+
+
+@asynccontextmanager
+async def one_text_calls(path: str, url: str, frontend: str, model: str, concurrency: int, *,
+                         tokenize: bool = False) -> AsyncIterator[Call]:
+    """One of the bench's texts a request to ``model``: POSTed to the Hugging Face route of the gateway at ``url``
+    ("http"), or through ``AsyncClient.infer`` to the brokers at ``frontend`` ("zmq"; ``tokenize``: the client's
+    own, its tokenizer fetched first, SystemExit if it cannot be)."""
+    if path == "http":
+        async with http_session(limit=concurrency) as session:
+            yield http_call(session, f"{url}/models/{model}", shuffled())
+    else:
+        async with AsyncClient(frontend, tokenize=tokenize) as client:
+            if tokenize and not await client.prepare_tokenizer(model):
+                raise SystemExit(f"the client cannot tokenize for {model}")
+            yield zmq_infer_call(client, model, shuffled())

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.benchmarks.common import marks
-from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load import calls
 from scripts.benchmarks.load import loops as load
 from scripts.benchmarks.load.lone_points import BETWEEN_REQUESTS, CLIENT_SENDS, POINTS, SEQUENCES
-from zbatch.client import AsyncClient
 
 HOOK = Path(__file__).with_name("marks_hook")  # its sitecustomize marks POINTS in a daemon
 CLIENT_POINTS = tuple(point for point in POINTS if point.module == "zbatch.client.aio")  # the measuring process's
@@ -116,24 +113,13 @@ def report(title: str, marked: Sequence[marks.Mark], window: Window) -> str:
     return "\n".join(lines)
 
 
-@asynccontextmanager
-async def one_client(path: str, url: str, frontend: str, model: str) -> AsyncIterator[load.Call]:
-    """One text a request over ``path``: the gateway's Hugging Face route at ``url``, or ``AsyncClient.infer``."""
-    if path == "http":
-        async with calls.http_session(limit=1) as session:
-            yield calls.http_call(session, f"{url}/models/{model}", shuffled())
-    else:
-        async with AsyncClient(frontend) as client:
-            yield calls.zmq_infer_call(client, model, shuffled())
-
-
 async def lone_windows(paths: Sequence[str], url: str, frontend: str, model: str, warmup_s: float,
                        seconds: float) -> list[Window]:
     """One client's closed loop over each path in turn ("zmq", "http"), each measured window on the marks' clock
     (the loop's warm-up, then its window: the loop must not retry or wait for a quiet host, or the two part)."""
     windows = []
     for path in paths:
-        async with one_client(path, url, frontend, model) as call:
+        async with calls.one_text_calls(path, url, frontend, model, 1) as call:
             began = time.perf_counter_ns()
             result = await load.closed_loop(call, 1, warmup_s, seconds)
         windows.append(Window(path, began + int(warmup_s * 1e9), began + int((warmup_s + seconds) * 1e9),

@@ -33,8 +33,8 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,10 @@ from typing import Any
 import numpy as np
 
 from scripts.benchmarks.common import procs
-from scripts.benchmarks.common.texts import shuffled
 from scripts.benchmarks.load import calls
 from scripts.benchmarks.load import loops as load
 from scripts.benchmarks.systems.accelerator import COST_ENV, MODEL, TokenizingSleepRunner
 from worker.runners.spec import InputKind
-from zbatch.client import AsyncClient
 from zbatch.runtime import eventloop
 from zbatch.testing import Daemons, free_port, start_broker, start_worker
 
@@ -108,7 +106,7 @@ class EmbeddingSleepRunner(TokenizingSleepRunner):
 class Stack:
     """The system under test: where to send requests, and each daemon's pid."""
 
-    url: str
+    url: str  # the gateway's
     frontend: str
     pids: dict[str, int]
     client_tokenize: bool = False  # the ZeroMQ clients tokenize for the worker (AsyncClient's ``tokenize``)
@@ -127,20 +125,12 @@ def start_stack(daemons: Daemons, batch_ms: float, item_ms: float, edge_tokenize
                              model_path=tempfile.mkdtemp(), model_name=MODEL, metrics_port=free_port(),
                              tokenize_ahead="true", max_batch_size=MAX_BATCH))
     url = procs.start_deployed_gateway(daemons, broker, edge_tokenize=edge_tokenize, env=env)
-    return Stack(f"{url}/models/{MODEL}", broker.frontend, daemons.pids())
+    return Stack(url, broker.frontend, daemons.pids())
 
 
-@asynccontextmanager
-async def caller(path: str, stack: Stack, concurrency: int) -> AsyncIterator[load.Call]:
+def caller(path: str, stack: Stack, concurrency: int) -> AbstractAsyncContextManager[load.Call]:
     """One request of one text over ``path``: POST to the gateway (http) or infer through the broker (zmq)."""
-    if path == "http":
-        async with calls.http_session(limit=concurrency) as session:
-            yield calls.http_call(session, stack.url, shuffled())
-    else:
-        async with AsyncClient(stack.frontend, tokenize=stack.client_tokenize) as client:
-            if stack.client_tokenize and not await client.prepare_tokenizer(MODEL):
-                raise SystemExit(f"the client cannot tokenize for {MODEL}")
-            yield calls.zmq_infer_call(client, MODEL, shuffled())
+    return calls.one_text_calls(path, stack.url, stack.frontend, MODEL, concurrency, tokenize=stack.client_tokenize)
 
 
 async def measure(path: str, stack: Stack, concurrency: int, warmup_s: float, seconds: float) -> dict[str, Any]:

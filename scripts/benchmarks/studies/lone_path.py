@@ -33,7 +33,7 @@ async def run(args: argparse.Namespace) -> None:
             with wakeup.held(hold_us, logging.getLogger("zbatch.bench")) as held:
                 if args.shallow_idle and not held:
                     raise SystemExit(f"--shallow-idle: {wakeup.PM_QOS} cannot be held by this process")
-                windows = await lone.lone_windows(args.paths.split(","), stack.url.rsplit("/models/", 1)[0],
+                windows = await lone.lone_windows(args.paths.split(","), stack.url,
                                                   stack.frontend, MODEL, args.warmup, args.seconds)
     finally:
         uninstall()  # the daemons wrote theirs as they stopped
