@@ -55,16 +55,15 @@ class _Recorder:
         self.folder = folder
         self.marks: list[tuple[int, str]] = []
         self._lock = threading.Lock()
-        self._flusher_pid = 0  # the process whose flushing thread runs (a forked child starts its own)
+        self._stopped = threading.Event()
         atexit.register(self.flush)
+        os.register_at_fork(after_in_child=self._forked)
+        self._start_flushing()
 
     def mark(self, label: str) -> None:
         now = time.perf_counter_ns()
         with self._lock:
             self.marks.append((now, label))
-        if self._flusher_pid != os.getpid():
-            self._flusher_pid = os.getpid()
-            threading.Thread(target=self._flush_often, name="bench-marks", daemon=True).start()
 
     def flush(self) -> None:
         with self._lock:
@@ -73,9 +72,22 @@ class _Recorder:
             with (self.folder / f"{os.getpid()}.marks").open("a") as out:
                 out.writelines(f"{ns}\t{label}\n" for ns, label in marks)
 
+    def _forked(self) -> None:
+        """In a forked child: the parent's marks are the parent's to write, and the flushing thread did not follow."""
+        self._lock = threading.Lock()
+        self.marks = []
+        self._start_flushing()
+
+    def _start_flushing(self) -> None:
+        threading.Thread(target=self._flush_often, name="bench-marks", daemon=True).start()
+
+    def stop(self) -> None:
+        """No more flushing by the thread; what is held is written now."""
+        self._stopped.set()
+        self.flush()
+
     def _flush_often(self) -> None:
-        while True:
-            time.sleep(FLUSH_EVERY_S)
+        while not self._stopped.wait(FLUSH_EVERY_S):
             self.flush()
 
 
@@ -168,7 +180,7 @@ def install_now(points: Iterable[Point], folder: Path) -> Callable[[], None]:
     restores = [_patch(importlib.import_module(module), each, recorder) for module, each in _by_module(points).items()]
 
     def uninstall() -> None:
-        recorder.flush()
+        recorder.stop()
         for restore in restores:
             restore()
     return uninstall
