@@ -43,7 +43,7 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(True, 1, 0.5, 1.5, (1, 32), (1, 32), 3.0, 6.0, (1, 8), 64)
+            return cls(True, 1, 0.3, 1.0, (1, 32), (1, 32), 3.0, 6.0, (1, 8), 64)  # a smoke test (CI): seconds
         return cls(False, 3, 1.5, 6.0, (1, 8, 32, 128), (1, 32, 128), 20.0, 15.0, (1, 2, 4, 8), 64)
 
 

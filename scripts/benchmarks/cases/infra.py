@@ -14,7 +14,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ GATEWAY_PROCESSES = (1, 2)  # --processes of the gateway rows
 IDLE_SYSTEMS = {"http": "zbatch gateway", "bare": "bare aiohttp"}
 PYTHON_FLOOR = "Python forwarder, no logic"
 COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: zbatch/runtime/native.py
+NATIVE_BUILD = str(ROOT / "build" / "native")  # scripts/test's build, shared (kept while the sources match)
 MAX_BATCH = 32
 
 
@@ -98,8 +98,9 @@ def _start_proxy(daemons: Daemons, mode: str, system: str) -> str:
 
 
 async def _compile_native(build: str) -> bool:
-    """scripts/compile-native into ``build``; False, with the reason logged, if it cannot."""
-    procs.log("routing: compiling the broker's hot path with mypyc (scripts/compile-native)")
+    """scripts/compile-native into ``build`` (kept if it matches the sources); False, with the reason logged, if it
+    cannot."""
+    procs.log(f"routing: the broker's hot path compiled with mypyc into {build} (scripts/compile-native)")
     done = await asyncio.to_thread(subprocess.run, [str(ROOT / "scripts" / "compile-native"), build],
                                    env=os.environ | {"ZBATCH_VENV": sys.prefix}, capture_output=True, text=True)
     if done.returncode != 0:
@@ -117,14 +118,13 @@ async def routing(ctx: Context) -> None:
     Python: the share of zmq.proxy that routing costs before any scheduling.
     """
     brokers: list[tuple[str, dict[str, str]]] = [("zbatch broker", {})]
-    with tempfile.TemporaryDirectory(prefix="zbatch-native-") as build:
-        if await _compile_native(build):
-            brokers.append((COMPILED_BROKER, {native.ENV: build}))
-        for system, env in brokers:
-            with procs.running() as daemons:
-                procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
-                broker = await procs.start(daemons, procs.start_echo_system, ECHO_WORKERS, env=env)
-                await _zmq_runs(ctx, "routing", system, broker.frontend, ctx.settings.side_concurrency, daemons)
+    if await _compile_native(NATIVE_BUILD):
+        brokers.append((COMPILED_BROKER, {native.ENV: NATIVE_BUILD}))
+    for system, env in brokers:
+        with procs.running() as daemons:
+            procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
+            broker = await procs.start(daemons, procs.start_echo_system, ECHO_WORKERS, env=env)
+            await _zmq_runs(ctx, "routing", system, broker.frontend, ctx.settings.side_concurrency, daemons)
     for mode, system in (("proxy", "zmq.proxy"), ("forwarder", PYTHON_FLOOR)):
         with procs.running() as daemons:
             procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
