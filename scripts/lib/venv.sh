@@ -5,8 +5,6 @@
 # unpinned install can pull a multi-GB CUDA build.  ZBATCH_TORCH overrides the pin, e.g.
 # ZBATCH_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu124" on a GPU host.
 # Installs are skipped when pyproject.toml and the pin have not changed since the last one.
-# --no-compile: pip would byte-compile every file of every package (half the install's time); Python compiles
-# what is imported, once, on first use.
 
 ensure_venv() {
     local extras=$1
@@ -23,8 +21,8 @@ ensure_venv() {
         echo "zbatch: installing zbatch[$extras] into $venv (first run takes a few minutes)" >&2
         "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
         # shellcheck disable=SC2086  # ZBATCH_TORCH may carry pip options
-        "$venv/bin/python" -m pip install --quiet --no-compile ${ZBATCH_TORCH:-torch==2.13.0} >&2
-        "$venv/bin/python" -m pip install --quiet --no-compile -e "$root[$extras]" >&2
+        "$venv/bin/python" -m pip install --quiet ${ZBATCH_TORCH:-torch==2.13.0} >&2
+        "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" >&2
         echo "$want" > "$stamp"
     fi
     export PATH="$venv/bin:$PATH"
