@@ -33,12 +33,14 @@ def write_vocab(folder: Path) -> Path:
     return vocab_file
 
 
-def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
+def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask", max_length: int = 128, **shape: int) -> str:
     """Save a tiny BERT with the given pipeline head (plus its tokenizer) and return the folder path.
 
     ``head`` is one of HEADS; "feature-extraction" saves a bare BertModel, "rerank" a
     cross-encoder (a sequence classifier with one label). Weights are seeded, so the
-    same call always yields the same model.
+    same call always yields the same model.  ``max_length`` is the tokenizer's truncation, and ``shape``
+    overrides the config's sizes (``hidden_size=96``, say): a model with a real model's activations and little
+    of its arithmetic.
     """
     import torch
     from transformers import (
@@ -60,19 +62,17 @@ def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask") -> str:
     if head not in classes:
         raise ValueError(f"unknown head {head!r}; use one of {', '.join(HEADS)}")
 
-    folder = Path(tmp_path) / f"tiny-bert-{head}"
+    folder = Path(tmp_path) / ("-".join(["tiny-bert", head, *(f"{k}{v}" for k, v in sorted(shape.items()))]))
     shutil.rmtree(folder, ignore_errors=True)  # a stale tokenizer.json would shadow the new vocab.txt
     write_vocab(folder)
     # from_pretrained on a folder holding only vocab.txt works on transformers 4.x and 5.x
     # (the constructor's vocab argument was renamed between them).
-    tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, model_max_length=128)
+    tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, model_max_length=max_length)
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37} | shape
     config = BertConfig(
         vocab_size=len(SPECIAL_TOKENS) + len(WORDS),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=37,
-        max_position_embeddings=128,
+        max_position_embeddings=max(128, max_length),
+        **sizes,
         **_labels({0: "LABEL_0"} if head == "rerank" else ID2LABEL),
     )
     torch.manual_seed(0)

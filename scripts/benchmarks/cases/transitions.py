@@ -68,7 +68,7 @@ class ChaosPlan:
 
 
 CHAOS = ChaosPlan(256, 62.0, 6.0, 8.0, ("worker-0", "worker-1", "broker-0", "worker-2", "worker-3", "broker-1"))
-QUICK_CHAOS = ChaosPlan(64, 15.0, 3.0, 6.0, ("worker-0", "broker-1"))
+QUICK_CHAOS = ChaosPlan(64, 11.0, 2.0, 4.5, ("worker-0", "broker-1"))  # the broker's loss seen within 4.5 s
 STAGGERED_CLIENTS, QUICK_STAGGERED_CLIENTS = 512, 128
 
 
