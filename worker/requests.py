@@ -29,6 +29,12 @@ The payload is walked, not unpacked whole (:class:`msgpack.Unpacker`):
 So the objects built for one request are at most about
 ``max_inputs × (MAX_PARTS + 1)`` plus what ``MAX_PARAMETER_BYTES`` can hold.
 
+A payload of at most :data:`WHOLE_BYTES` cannot hold more objects than it has
+bytes, so it is first unpacked whole, in one C call, and taken as it is if it
+is the common request (texts or token ids, and optional parameters and
+operation) within every limit above.  Anything else, valid or not, is walked
+as above, so every refusal comes from the walk, with its reason.
+
 Every failure is a :class:`BadPayload` whose message names the limit or the
 field, safe to send back as ``bad_request``.  No sockets, no clock.
 """
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+import numpy as np
 
 from zbatch.protocol.payloads import decode_extension
 from zbatch.protocol.vocabulary import INPUTS, OPERATION, OPERATIONS, PARAMETERS, RUN
@@ -48,6 +55,7 @@ MAX_PARTS: Final = 8  # entries of one structured input
 SCALARS: Final = frozenset({"str", "bin", "int", "float", "bool", "nil"})
 UTF8_BYTES_PER_CHAR: Final = 4
 MAX_OPERATION_BYTES: Final = 32
+WHOLE_BYTES: Final = 4096  # payloads first unpacked whole: they hold at most this many objects
 
 
 class BadPayload(ValueError):
@@ -76,6 +84,10 @@ def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRe
     if len(payload) > limits.max_body_bytes:
         raise BadPayload(f"the payload has {len(payload)} bytes; the limit is {limits.max_body_bytes} "
                          "(max_body_bytes): split the request or raise the limit")
+    if len(payload) <= WHOLE_BYTES:
+        common = _common_request(payload, items, limits)
+        if common is not None:
+            return common
     reader = _Reader(payload, limits)
     try:
         inputs, parameters, operation = reader.request(items)
@@ -84,6 +96,33 @@ def decode_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRe
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same
         raise BadPayload(f"the payload is not valid msgpack ({type(exc).__name__})") from None
     return DecodedRequest(inputs, parameters, parameters_key(parameters, operation), operation)
+
+
+def _common_request(payload: bytes, items: int, limits: InputLimits) -> DecodedRequest | None:
+    """A small payload unpacked whole, if it is the common request within ``limits``: ``items`` texts or token-id
+    arrays, parameters named by strings (or nil), a known operation (or nil); None for anything else."""
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=decode_extension)
+    except Exception:  # garbage, or bytes after the map: the walk says which
+        return None
+    if type(body) is not dict or not body.keys() <= _FIELDS:
+        return None
+    inputs, parameters, operation = body.get(INPUTS), body.get(PARAMETERS), body.get(OPERATION)
+    parameters = {} if parameters is None else parameters
+    operation = RUN if operation is None else operation
+    if type(inputs) is not list or len(inputs) != items or items > limits.max_inputs:
+        return None
+    if type(parameters) is not dict or not (type(operation) is str and operation in OPERATIONS):
+        return None
+    for value in inputs:
+        if not ((type(value) is str and len(value) <= limits.max_input_chars) or isinstance(value, np.ndarray)):
+            return None
+    if not all(type(key) is str for key in parameters):
+        return None
+    return DecodedRequest(inputs, parameters, parameters_key(parameters, operation), operation)
+
+
+_FIELDS: Final = frozenset({INPUTS, PARAMETERS, OPERATION})
 
 
 def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:

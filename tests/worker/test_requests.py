@@ -5,11 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.requests import MAX_PARAMETER_BYTES, MAX_PARTS, BadPayload, InputLimits, decode_request
+from worker.requests import (
+    MAX_PARAMETER_BYTES,
+    MAX_PARTS,
+    WHOLE_BYTES,
+    BadPayload,
+    InputLimits,
+    _common_request,
+    _Reader,
+    decode_request,
+    parameters_key,
+)
+from zbatch.protocol import payloads
 
 LIMITS = InputLimits(max_inputs=4, max_input_chars=10, max_body_bytes=4096)
 
@@ -113,3 +125,53 @@ def test_random_structures_decode_within_the_limits_or_raise_bad_payload(body: d
     assert len(request.inputs) == items <= LIMITS.max_inputs
     assert all(len(text) <= LIMITS.max_input_chars for text in request.inputs if isinstance(text, str))
     assert all(isinstance(key, str) for key in request.parameters)
+
+
+@st.composite
+def near_common(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
+    """Requests like the common one, and some a field or a limit away from it."""
+    body: dict[str, Any] = {}
+    texts = st.lists(st.text(max_size=12), max_size=5)
+    inputs = draw([texts, texts, texts, st.lists(st.text(max_size=12) | st.binary(max_size=4), max_size=5),
+                   values][draw(st.integers(0, 4))])
+    if draw(st.integers(0, 9)):
+        body["inputs"] = inputs
+    if draw(st.booleans()):
+        body["parameters"] = draw(st.none() | st.dictionaries(st.text(max_size=5), values, max_size=3)
+                                  | st.dictionaries(st.text(max_size=5) | INT64, values, max_size=3) | values)
+    if draw(st.booleans()):
+        body["operation"] = draw(st.sampled_from(["run", "tokenize", "", "embed", None, 1]))
+    if draw(st.integers(0, 9)) == 0:
+        body["other"] = 1
+    size = len(inputs) if isinstance(inputs, list) else 0
+    return body, draw(st.sampled_from([size, size, size, size + 1, max(0, size - 1)]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(near_common())
+def test_a_small_payload_unpacked_whole_is_taken_only_as_the_walk_takes_it(case: tuple[dict[str, Any], int]) -> None:
+    """The common request, unpacked in one call, decodes as the walk decodes it; what the walk refuses, it never
+    takes (the walk then gives the reason)."""
+    body, items = case
+    payload = pack(body)
+    common = _common_request(payload, items, LIMITS)
+    try:
+        walked = _Reader(payload, LIMITS).request(items)
+    except BadPayload:
+        assert common is None
+        return
+    if common is not None:
+        inputs, parameters, operation = walked
+        assert (common.inputs, common.parameters, common.operation) == (inputs, parameters, operation)
+        assert common.parameters_key == parameters_key(parameters, operation)
+
+
+def test_texts_and_token_ids_are_the_common_request() -> None:
+    ids = payloads.encode_payload({"inputs": [np.array([101, 7, 102], dtype=np.int32)], "parameters": {}})
+    texts = pack({"inputs": ["a", "b"], "parameters": {"truncate": True}, "operation": "tokenize"})
+    assert len(ids) <= WHOLE_BYTES and len(texts) <= WHOLE_BYTES
+    common_ids = _common_request(ids, 1, LIMITS)
+    assert common_ids is not None and common_ids.inputs[0].tolist() == [101, 7, 102]
+    common_texts = _common_request(texts, 2, LIMITS)
+    assert common_texts is not None and common_texts.operation == "tokenize"
+    assert common_texts.parameters == {"truncate": True}
