@@ -55,7 +55,8 @@ MAX_PARTS: Final = 8  # entries of one structured input
 SCALARS: Final = frozenset({"str", "bin", "int", "float", "bool", "nil"})
 UTF8_BYTES_PER_CHAR: Final = 4
 MAX_OPERATION_BYTES: Final = 32
-WHOLE_BYTES: Final = 4096  # payloads first unpacked whole: they hold at most this many objects
+WHOLE_BYTES: Final = 4096  # payloads first unpacked whole: they hold at most this many objects (< MAX_PARAMETER_BYTES)
+_FIELDS: Final = frozenset({INPUTS, PARAMETERS, OPERATION})
 
 
 class BadPayload(ValueError):
@@ -105,8 +106,9 @@ def _common_request(payload: bytes, items: int, limits: InputLimits) -> DecodedR
         body = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=decode_extension)
     except Exception:  # garbage, or bytes after the map: the walk says which
         return None
-    if type(body) is not dict or not body.keys() <= _FIELDS:
-        return None
+    first = payload[0]
+    if type(body) is not dict or not body.keys() <= _FIELDS or not 0x80 + len(body) == first <= 0x8F:
+        return None  # a key given twice (the map's header counts more entries than the dict holds): the walk refuses
     inputs, parameters, operation = body.get(INPUTS), body.get(PARAMETERS), body.get(OPERATION)
     parameters = {} if parameters is None else parameters
     operation = RUN if operation is None else operation
@@ -121,8 +123,6 @@ def _common_request(payload: bytes, items: int, limits: InputLimits) -> DecodedR
         return None
     return DecodedRequest(inputs, parameters, parameters_key(parameters, operation), operation)
 
-
-_FIELDS: Final = frozenset({INPUTS, PARAMETERS, OPERATION})
 
 
 def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:

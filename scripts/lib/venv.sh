@@ -29,7 +29,7 @@ ensure_venv() {
     # The project's own modules, byte-compiled ahead (only those changed since): where PYTHONDONTWRITEBYTECODE is
     # set, as on CI hosts, every daemon and test process would otherwise compile each module it imports anew.
     "$venv/bin/python" -m compileall -q -j 0 "$root/zbatch" "$root/broker" "$root/worker" "$root/gateway" \
-        "$root/scripts" >/dev/null
+        "$root/scripts" >/dev/null || echo "zbatch: some modules could not be byte-compiled; they compile on import" >&2
     # Tests and benchmarks download nothing; scripts/serve passes --online, since a model named by its Hub id
     # may have to be downloaded once (the caller's HF_HUB_OFFLINE still holds).
     if [ "${2:-}" != "--online" ]; then

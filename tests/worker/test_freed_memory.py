@@ -3,7 +3,7 @@
 Real workers run the same batch of 32 long texts over and over; the kernel's count of the worker's minor page
 faults shows whether each batch's activations came back from the system again.  Their model is a BERT of the
 default model's widths (12 heads, a 1,536-wide feed-forward, 256 tokens) with two narrow layers: the default
-model's activations, at a twelfth of its arithmetic.  The workers run torch: ONNX Runtime (``--runtime auto`` on
+model's activations, at a small part of its arithmetic.  The workers run torch: ONNX Runtime (``--runtime auto`` on
 the CPU) keeps its own arena whatever glibc does.
 """
 

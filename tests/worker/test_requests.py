@@ -160,10 +160,22 @@ def test_a_small_payload_unpacked_whole_is_taken_only_as_the_walk_takes_it(case:
     except BadPayload:
         assert common is None
         return
-    if common is not None:
+    if common is not None:  # compared packed: a NaN parameter is never equal to itself
         inputs, parameters, operation = walked
-        assert (common.inputs, common.parameters, common.operation) == (inputs, parameters, operation)
+        assert pack([common.inputs, common.parameters, common.operation]) == pack([inputs, parameters, operation])
         assert common.parameters_key == parameters_key(parameters, operation)
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x82\xa6inputs\x91\x91\x91\x01\xa6inputs\x91\xa1a",  # {"inputs": [[[1]]], "inputs": ["a"]}
+    b"\x82\xa6inputs\x91\xab" + b"x" * 11 + b"\xa6inputs\x91\xa1a",  # the first inputs too long
+    b"\x82\xa9operation\x01\xa6inputs\x91\xa1a",  # operation 1
+    pack({"inputs": ["a"]}) + b"\xc0",  # a byte after the map
+])
+def test_what_the_walk_refuses_is_never_taken_whole(payload: bytes) -> None:
+    assert _common_request(payload, 1, LIMITS) is None
+    with pytest.raises(BadPayload):
+        decode_request(payload, 1, LIMITS)
 
 
 def test_texts_and_token_ids_are_the_common_request() -> None:

@@ -62,16 +62,17 @@ def make_tiny_bert(tmp_path: Path | str, head: str = "fill-mask", max_length: in
     if head not in classes:
         raise ValueError(f"unknown head {head!r}; use one of {', '.join(HEADS)}")
 
-    folder = Path(tmp_path) / ("-".join(["tiny-bert", head, *(f"{k}{v}" for k, v in sorted(shape.items()))]))
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
+             "max_position_embeddings": max(128, max_length)} | shape
+    named = {**shape, **({"max_length": max_length} if max_length != 128 else {})}
+    folder = Path(tmp_path) / "-".join(["tiny-bert", head, *(f"{k}{v}" for k, v in sorted(named.items()))])
     shutil.rmtree(folder, ignore_errors=True)  # a stale tokenizer.json would shadow the new vocab.txt
     write_vocab(folder)
     # from_pretrained on a folder holding only vocab.txt works on transformers 4.x and 5.x
     # (the constructor's vocab argument was renamed between them).
     tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, model_max_length=max_length)
-    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37} | shape
     config = BertConfig(
         vocab_size=len(SPECIAL_TOKENS) + len(WORDS),
-        max_position_embeddings=max(128, max_length),
         **sizes,
         **_labels({0: "LABEL_0"} if head == "rerank" else ID2LABEL),
     )

@@ -239,8 +239,8 @@ def _start_accelerator_system(daemons: Daemons) -> str:
 
 async def _shed_rows(ctx: Context, system: str, fit_url: str, one_url: str, deadline_ms: int) -> None:
     """The two loads: SHED_FIT clients on ``fit_url``; then on ``one_url`` (one worker) its capacity (SHED_OVER
-    clients with the default deadline, which they fit) and SHED_OVER clients with ``deadline_ms``, which they do
-    not."""
+    clients with the default deadline, which they fit; SHED_FIT in a quick run) and SHED_OVER clients with
+    ``deadline_ms``, which they do not."""
     warmup_s, duration_s = (1.0, 4.0) if ctx.settings.quick else (SHED_WARMUP_S, SHED_S)
     procs.log(f"shed: {system}: {SHED_FIT} clients x {SHED_TEXTS} texts for {duration_s:.0f} s")
     fit = await corpus_clients(fit_url, SHED_FIT, warmup_s, duration_s)
