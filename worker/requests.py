@@ -57,6 +57,7 @@ UTF8_BYTES_PER_CHAR: Final = 4
 MAX_OPERATION_BYTES: Final = 32
 WHOLE_BYTES: Final = 4096  # payloads first unpacked whole: they hold at most this many objects (< MAX_PARAMETER_BYTES)
 _FIELDS: Final = frozenset({INPUTS, PARAMETERS, OPERATION})
+FIXMAP: Final = 0x80  # msgpack's header of a map of up to 15 entries, plus their count
 
 
 class BadPayload(ValueError):
@@ -103,12 +104,13 @@ def _common_request(payload: bytes, items: int, limits: InputLimits) -> DecodedR
     """A small payload unpacked whole, if it is the common request within ``limits``: ``items`` texts or token-id
     arrays, parameters named by strings (or nil), a known operation (or nil); None for anything else."""
     try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=decode_extension)
+        body = _unpacked(payload)
     except Exception:  # garbage, or bytes after the map: the walk says which
         return None
-    first = payload[0]
-    if type(body) is not dict or not body.keys() <= _FIELDS or not 0x80 + len(body) == first <= 0x8F:
-        return None  # a key given twice (the map's header counts more entries than the dict holds): the walk refuses
+    if type(body) is not dict or not body.keys() <= _FIELDS:
+        return None
+    if payload[0] != FIXMAP + len(body):  # a key given twice: the header counts more entries than the dict holds
+        return None
     inputs, parameters, operation = body.get(INPUTS), body.get(PARAMETERS), body.get(OPERATION)
     parameters = {} if parameters is None else parameters
     operation = RUN if operation is None else operation
@@ -123,6 +125,10 @@ def _common_request(payload: bytes, items: int, limits: InputLimits) -> DecodedR
         return None
     return DecodedRequest(inputs, parameters, parameters_key(parameters, operation), operation)
 
+
+def _unpacked(data: bytes) -> Any:
+    """``data`` unpacked whole, as the payload's values are read: strings as str, arrays from their extension."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=decode_extension)
 
 
 def parameters_key(parameters: dict[str, Any], operation: str = RUN) -> bytes:
@@ -247,8 +253,7 @@ class _Reader:
         size = self.unpacker.tell() - start
         if size > limit:
             raise BadPayload(f"{what} takes {size} bytes; the limit is {limit}")
-        return msgpack.unpackb(self.payload[start:start + size], raw=False, strict_map_key=False,
-                               ext_hook=decode_extension)
+        return _unpacked(self.payload[start:start + size])
 
     def _kind(self) -> str:
         """The kind of the next value, from its first byte (msgpack's format families)."""
