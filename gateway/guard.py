@@ -102,6 +102,9 @@ async def read_in_time(request: web.Request, max_bytes: int, timeout_s: float) -
     if length is not None and length > max_bytes:
         raise web.HTTPRequestEntityTooLarge(max_bytes, length, text=f"the body has {length} bytes; the limit is "
                                                                      f"{max_bytes}")
+    if request.content.is_eof():  # the whole body came with the headers, as most do: no timer to arm
+        await request.read()
+        return
     try:
         async with asyncio.timeout(timeout_s):
             await request.read()
