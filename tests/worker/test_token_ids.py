@@ -23,6 +23,7 @@ from worker.runners.text import TextRunner
 from worker.runners.token_ids import SpecialFrame, outside_vocabulary
 from zbatch.protocol import payloads
 from zbatch.protocol import vocabulary as v
+from zbatch.protocol.texts import TextEncoder
 
 TEXTS = ["hello world", "the cat is happy", "red " * 300 + "blue", "a dog"]
 LONG = 2  # TEXTS[LONG] is over the tiny model's 128 tokens
@@ -210,35 +211,28 @@ def edge_ids(runner: TextRunner, texts: list[str]) -> tuple[list[np.ndarray], st
     fingerprint = runner.details.tokenizer
     (serialized,) = operation_of(runner, v.TOKENIZER)([fingerprint], {})
     assert payloads.tokenizer_fingerprint(serialized) == fingerprint
-    tokenizer = Tokenizer.from_str(serialized)
-    encoded = payloads.encode_without_offsets(tokenizer)(texts)  # as zbatch/client/tokenizing.py calls it
+    encoder = TextEncoder(Tokenizer.from_str(serialized))
+    encoder.limit(None)  # as zbatch/client/tokenizing.py loads it
+    encoded = encoder(texts)
     return [np.asarray(each.ids, dtype=np.int32) for each in encoded], fingerprint
 
 
-def test_encoding_without_offsets_gives_the_same_ids_and_types(embedder: EmbeddingRunner) -> None:
-    """What the worker and the gateway call: ids and token types as ``encode_batch`` makes them, for texts and
-    pairs, truncated or not; the plain call where a tokenizer lacks the fast one."""
+def test_the_text_encoder_gives_the_same_ids_and_types_as_the_whole_encoding(embedder: EmbeddingRunner) -> None:
+    """What the worker and the gateway call, on the tokenizer the worker serves: ids and token types as
+    ``encode_batch`` makes them, for texts and pairs, truncated or not (tests/zbatch/test_texts.py: every rule)."""
     from tokenizers import Tokenizer
 
     fingerprint = embedder.details.tokenizer
     (serialized,) = operation_of(embedder, v.TOKENIZER)([fingerprint], {})
     tokenizer = Tokenizer.from_str(serialized)
-    assert payloads.encode_without_offsets(tokenizer) == tokenizer.encode_batch_fast
+    encoder = TextEncoder(tokenizer)
     pairs = [(text, TEXTS[index - 1]) for index, text in enumerate(TEXTS)]
-    for truncated in (False, True):
-        if truncated:
-            tokenizer.enable_truncation(16)
-        for inputs in (TEXTS, pairs):
-            fast, plain = payloads.encode_without_offsets(tokenizer)(inputs), tokenizer.encode_batch(inputs)
+    for limit in (None, 16):
+        encoder.limit(limit)
+        for inputs in (["Mixed CASE, naïve", "[MASK] Tab\tTab"], TEXTS, pairs):
+            fast, plain = encoder(inputs), tokenizer.encode_batch(inputs)
             assert [(each.ids, each.type_ids) for each in fast] == [(each.ids, each.type_ids) for each in plain]
     assert any(len(each.ids) == 16 for each in fast)
-
-    class OlderTokenizer:  # a tokenizers release before encode_batch_fast
-        def encode_batch(self, inputs: list[str]) -> list[str]:
-            return inputs
-
-    older = OlderTokenizer()
-    assert payloads.encode_without_offsets(older)(["a"]) == ["a"]
 
 
 def test_edge_ids_run_to_the_texts_vectors_and_counts(embedder: EmbeddingRunner) -> None:

@@ -81,7 +81,8 @@ from worker.runners.spec import (
 )
 from worker.runners.token_ids import SpecialFrame, edge_form, outside_vocabulary
 from worker.runners.unpadded import PassTimings, packing_pays, timed_passes
-from zbatch.protocol.payloads import encode_without_offsets, tokenizer_fingerprint
+from zbatch.protocol.payloads import tokenizer_fingerprint
+from zbatch.protocol.texts import TextEncoder
 from zbatch.protocol.vocabulary import (
     PROMPT_NAME,
     TOKENIZE,
@@ -268,15 +269,12 @@ class TextRunner:
             keys = [key for key in encoded if key != "attention_mask"]
             return [Encoding({key: np.asarray(encoded[key][index], dtype=np.int64) for key in keys})
                     for index in range(len(texts))]
-        if truncation.enabled:
-            backend.enable_truncation(self.max_length, strategy="longest_first", direction=truncation.direction)
-        else:
-            backend.no_truncation()
-        backend.no_padding()
+        encoder = self._own_encoder(backend)
+        encoder.limit(self.max_length if truncation.enabled else None, truncation.direction)
         types = self._takes_token_types
         return [Encoding({"input_ids": np.asarray(each.ids, dtype=np.int64),
                           **({"token_type_ids": np.asarray(each.type_ids, dtype=np.int64)} if types else {})})
-                for each in encode_without_offsets(backend)(texts)]
+                for each in encoder(texts)]
 
     def plan(self, encodings: Sequence[Encoding | InputError], parameters: dict[str, Any]) -> Planned:
         """The length groups of a batch of encodings, padded; numpy only, never torch."""
@@ -387,6 +385,13 @@ class TextRunner:
         own = getattr(self._own_tokenizers, "tokenizer", None)
         if own is None:
             own = self._own_tokenizers.tokenizer = copy.deepcopy(self._tokenizer)
+        return own
+
+    def _own_encoder(self, backend: Any) -> TextEncoder:
+        """This thread's encoder of ``backend``, the fast tokenizer under its copy of the tokenizer."""
+        own = getattr(self._own_tokenizers, "encoder", None)
+        if own is None or own.tokenizer is not backend:
+            own = self._own_tokenizers.encoder = TextEncoder(backend)
         return own
 
     def _options(self, parameters: dict[str, Any]) -> Any:

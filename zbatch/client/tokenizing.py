@@ -53,6 +53,7 @@ from zbatch.client.catalog import ModelCatalog, StatsSource
 from zbatch.client.errors import ZBatchError, raise_for_status
 from zbatch.protocol import payloads
 from zbatch.protocol.messages import Reply
+from zbatch.protocol.texts import TextEncoder
 from zbatch.protocol.vocabulary import INPUTS, OPERATION, OUTPUTS, PROMPT_NAME, TOKENIZED_BY, TOKENIZER
 from zbatch.protocol.wire import ProtocolError, Status
 
@@ -105,7 +106,7 @@ class Tokenizers:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._clock = clock
         self._where = where
-        self._ready: dict[str, Any] = {}  # fingerprint → tokenizers.Tokenizer
+        self._ready: dict[str, TextEncoder] = {}  # fingerprint → its tokenizer's encoder
         self._fetches: dict[str, asyncio.Task[None]] = {}
         self._retry_at: dict[str, float] = {}  # by fingerprint: a failed fetch
         self._texts_until: dict[str, float] = {}  # by model: its workers refused ids that their texts passed
@@ -122,12 +123,12 @@ class Tokenizers:
             return None
         if sum(len(item) for item in inputs) > MAX_EDGE_CHARS or self._clock() < self._texts_until.get(model, -1.0):
             return None
-        tokenizer = self._ready.get(fingerprint)
-        if tokenizer is None:
+        encoder = self._ready.get(fingerprint)
+        if encoder is None:
             self._start_fetch(client, model, fingerprint)
             return None
         try:
-            encodings = payloads.encode_without_offsets(tokenizer)(inputs)
+            encodings = encoder(inputs)
         except Exception:  # a text the tokenizer cannot take (a lone surrogate): the texts' path says what is wrong
             return None
         return [np.asarray(each.ids, dtype=np.int32) for each in encodings], {**parameters, TOKENIZED_BY: fingerprint}
@@ -179,7 +180,7 @@ class Tokenizers:
             return
         try:
             serialized = await _fetched(client, model, fingerprint)
-            tokenizer = await asyncio.to_thread(_loaded, tokenizer_class, serialized)
+            encoder = await asyncio.to_thread(_loaded, tokenizer_class, serialized)
         except (ZBatchError, ValueError) as exc:
             self._retry_at[fingerprint] = self._clock() + RETRY_S
             log.warning("model %s: its tokenizer %s could not be fetched (%s); its texts go to the workers as "
@@ -187,7 +188,7 @@ class Tokenizers:
             return
         while len(self._ready) >= MAX_TOKENIZERS:
             del self._ready[next(iter(self._ready))]
-        self._ready[fingerprint] = tokenizer
+        self._ready[fingerprint] = encoder
         log.info("model %s: texts are tokenized in %s from now on (tokenizer %s)", model, self._where, fingerprint)
 
     async def close(self) -> None:
@@ -240,12 +241,13 @@ def _tokenizer_class() -> Any:
     return Tokenizer
 
 
-def _loaded(tokenizer_class: Any, serialized: str) -> Any:
-    """A ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is not one."""
+def _loaded(tokenizer_class: Any, serialized: str) -> TextEncoder:
+    """The encoder of a ``tokenizers.Tokenizer`` from its JSON, truncation and padding off; ValueError if it is
+    not one."""
     try:
         tokenizer = tokenizer_class.from_str(serialized)
     except Exception as exc:  # the library raises plain Exception for a JSON it cannot read
         raise ValueError(f"the tokenizer cannot be read ({str(exc)[:200]})") from None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
+    encoder = TextEncoder(tokenizer)
+    encoder.limit(None)
+    return encoder

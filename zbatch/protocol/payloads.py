@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable
 from typing import Any, Final
 
 import msgpack
@@ -101,12 +100,3 @@ def tokenizer_fingerprint(serialized: str) -> str:
     """What names a tokenizer in READY and in a request's ``tokenized_by`` (PROTOCOL.md 3.4): the first 16
     hexadecimal digits of the SHA-256 of its serialized form (the JSON of the ``tokenizers`` library), UTF-8."""
     return hashlib.sha256(serialized.encode("utf-8")).hexdigest()[:16]
-
-
-def encode_without_offsets(tokenizer: Any) -> Callable[[list[Any]], list[Any]]:
-    """A ``tokenizers.Tokenizer``'s batch encoding that leaves out each token's character offsets, which no
-    end of zbatch reads: ``encode_batch_fast`` (about 15 % less CPU a text), else ``encode_batch``.
-
-    Both ends of edge tokenizing call it, so a gateway's ids are those a worker would make."""
-    encode: Callable[[list[Any]], list[Any]] = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    return encode
