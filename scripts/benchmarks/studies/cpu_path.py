@@ -66,7 +66,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (WAITING, ("take_gil", "futex", "sem_wait", "sem_timedwait", "pthread_cond", "PyThread_acquire_lock",
                "epoll_wait", "epoll_pwait", "select_poll", "nanosleep", "_Sleeping.__call__",
                "acquire (threading.py")),
-    ("tokenizing", ("tokenizers", "tokenization_utils", "_tokenized")),
+    ("tokenizing", ("tokenizers", "tokenization_utils", "_tokenized", "protocol/texts.py")),
     ("msgpack", ("msgpack", "payloads.py")),
     ("JSON", ("json/", "_json.c", "orjson", "json.py", "dumps ", "loads ")),
     ("HTTP parsing and writing", ("aiohttp/", "multidict", "yarl/", "http_", "_http_parser")),

@@ -29,6 +29,7 @@ def test_the_table_has_a_row_per_cell_with_each_daemon_and_the_total() -> None:
 
 def test_a_sample_is_the_kind_of_its_innermost_frame_that_names_one() -> None:
     assert kind_of(["main (worker/engine.py:10)", "_tokenized (worker/runners/text.py:300)"]) == "tokenizing"
+    assert kind_of(["_tokenized (worker/runners/text.py:300)", "encode (zbatch/protocol/texts.py:105)"]) == "tokenizing"
     assert kind_of(["handle (gateway/app.py:40)", "dumps (json/__init__.py:231)"]) == "JSON"
     assert kind_of(["pump (broker/server.py:10)"]) == "broker loop"
     assert kind_of(["<module> (somewhere.py:1)"]) == "other"
