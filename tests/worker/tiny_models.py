@@ -141,7 +141,7 @@ def make_tiny_vit(tmp_path: Path | str) -> str:
 
     folder = Path(tmp_path) / "tiny-vit"
     shutil.rmtree(folder, ignore_errors=True)
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=37, **_labels(IMAGE_LABELS))
     torch.manual_seed(0)
     ViTForImageClassification(config).eval().save_pretrained(folder)
@@ -160,7 +160,7 @@ def make_tiny_yolos(tmp_path: Path | str) -> str:
 
     folder = Path(tmp_path) / "tiny-yolos"
     shutil.rmtree(folder, ignore_errors=True)
-    config = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=1,
+    config = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2,
                          num_attention_heads=2, intermediate_size=37, num_detection_tokens=5,
                          use_mid_position_embeddings=False, **_labels(IMAGE_LABELS))
     torch.manual_seed(0)

@@ -12,18 +12,23 @@ the same ids and token types, since the rest of the pipeline sees the same norma
 the library's whole path, as do all texts of any other normalizer:
 
 * a text with an ASCII control character (the normalizer removes or replaces those);
-* a text in which, whatever the case, the content of one of the tokenizer's added tokens appears (BERT's ``[CLS]``,
-  ``[MASK]`` and the like are matched on the raw text, before normalizing, so lowercasing first could change a match).
+* a text in which, whatever the case, one of the tokenizer's added tokens appears, as written or as normalized: the
+  library matches some on the raw text (BERT's ``[CLS]``, ``[MASK]``...) and the others in their normalized form on
+  the normalized text, while the copy matches each as written on the text it is given.
+
+A tokenizer with more than :data:`MAX_ADDED` added tokens, or one whose added token normalizes to nothing, always takes
+the whole path: the check would cost more than it saves, or could not be made.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what BERT's normalizer removes, or turns into a space, in ASCII
+MAX_ADDED = 32  # added tokens past which a text's check for them costs more than the normalizer it saves
 Encode = Callable[[list[Any]], list[Any]]
 
 
@@ -72,20 +77,26 @@ class _Shortcut:
 
     @classmethod
     def of(cls, tokenizer: Any) -> _Shortcut | None:
-        """The shortcut for ``tokenizer``, or None where its normalizer is not BERT's (or it cannot be copied)."""
+        """The shortcut for ``tokenizer``, or None where its normalizer is not BERT's, it has too many added tokens,
+        or it cannot be copied."""
         try:
             serialized = tokenizer.to_str()
             normalizer = json.loads(serialized).get("normalizer") or {}
             if normalizer.get("type") != "BertNormalizer":
                 return None
+            added = tokenizer.get_added_tokens_decoder().values()
+            if len(added) > MAX_ADDED:
+                return None
+            forms = {form.lower() for token in added
+                     for form in (token.content, tokenizer.normalizer.normalize_str(token.content))}
+            if "" in forms:
+                return None
             bare = type(tokenizer).from_str(serialized)
             bare.normalizer = None
-            contents = sorted({token.content for token in tokenizer.get_added_tokens_decoder().values()
-                               if token.content}, key=len, reverse=True)
         except Exception:  # a tokenizer of another kind or release: the library's whole path serves
             return None
-        added = re.compile("|".join(map(re.escape, contents)), re.IGNORECASE) if contents else None
-        return cls(bare, bool(normalizer.get("lowercase", True)), added)
+        pattern = re.compile("|".join(map(re.escape, sorted(forms, key=len, reverse=True)))) if forms else None
+        return cls(bare, bool(normalizer.get("lowercase", True)), pattern)
 
     def limit(self, max_length: int | None, direction: str) -> None:
         if self._limits != (max_length, direction):
@@ -94,9 +105,9 @@ class _Shortcut:
 
     def normalized(self, item: Any) -> Any:
         """``item`` (a text, or a pair of texts) as BERT's normalizer would leave it; None if this cannot say."""
-        if type(item) is str:
+        if isinstance(item, str):
             return self._text(item)
-        if isinstance(item, Sequence) and len(item) == 2:
+        if isinstance(item, tuple | list) and len(item) == 2:
             first, second = self._text(item[0]), self._text(item[1])
             return None if first is None or second is None else (first, second)
         return None
@@ -106,10 +117,11 @@ class _Shortcut:
 
     def _text(self, text: Any) -> str | None:
         if type(text) is not str or not text.isascii() or CONTROL.search(text):
+            return None  # a subclass of str too: what the library makes of one is its own affair
+        lowered = text.lower()
+        if self._added is not None and self._added.search(lowered):
             return None
-        if self._added is not None and self._added.search(text):
-            return None
-        return text.lower() if self._lowercase else text
+        return lowered if self._lowercase else text
 
 
 def _without_offsets(tokenizer: Any) -> Encode:

@@ -83,7 +83,9 @@ def relay_to(echo: str) -> Handler:
     def take_answers() -> None:
         while dealer.poll(0):
             number, answer = dealer.recv_multipart(zmq.NOBLOCK)
-            waiting.pop(number).set_result(answer)
+            future = waiting.pop(number, None)
+            if future is not None and not future.done():  # not one whose request was cancelled meanwhile
+                future.set_result(answer)
 
     loop.add_reader(dealer.fileno(), take_answers)
 
@@ -150,7 +152,7 @@ async def serve(kind: str, port: int, wait_s: float, echo_at: str) -> None:
 
 
 async def listening(port: int, process: subprocess.Popen[bytes]) -> None:
-    """Returns once ``port`` takes connections; SystemExit if the server ends or is not up in START_S."""
+    """Returns once ``port`` takes connections; SystemExit if its process ends or it is not up in START_S."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + START_S
     while loop.time() < deadline and process.poll() is None:
@@ -175,7 +177,11 @@ async def window(kind: str, concurrency: int, wait_s: float, warmup_s: float, se
     async with started(kind, wait_s) as (url, pid), calls.http_session(concurrency) as session:
         call = calls.http_call(session, url, shuffled())
         result = await load.closed_loop(call, concurrency, warmup_s, seconds, watch={kind: pid})
-    return {"req_s": result["req_s"], "cpu_us": result.get("cpu_us_per_req", {}).get(kind), "errors": result["errors"]}
+    cpu_us = result.get("cpu_us_per_req", {}).get(kind)
+    if result["errors"] or not result["req_s"] or cpu_us is None:
+        raise SystemExit(f"the bare {kind} server answered {result['req_s']:.0f} requests a second with "
+                         f"{result['errors']} errors, CPU {cpu_us}: its figures would mean nothing")
+    return {"req_s": result["req_s"], "cpu_us": cpu_us}
 
 
 @asynccontextmanager
@@ -184,16 +190,18 @@ async def started(kind: str, wait_s: float) -> AsyncIterator[tuple[str, int]]:
     port, echo_port = free_port(), free_port()
     command = [sys.executable, "-m", __spec__.name, "--port", str(port), "--wait-s", str(wait_s),
                "--echo", f"tcp://127.0.0.1:{echo_port}"]
-    process = subprocess.Popen([*command, "--serve", kind])
-    echo = subprocess.Popen([*command, "--serve", "echo", "--port", str(echo_port)]) if kind == "relay" else None
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        await listening(port, process)
+        if kind == "relay":
+            started.append(subprocess.Popen([*command, "--serve", "echo", "--port", str(echo_port)]))
+        started.append(process := subprocess.Popen([*command, "--serve", kind]))
+        for each_port, each in zip((echo_port, port) if kind == "relay" else (port,), started, strict=True):
+            await listening(each_port, each)
         yield f"http://127.0.0.1:{port}/models/{MODEL}", process.pid
     finally:
-        for each in (process, echo):
-            if each is not None:
-                each.kill()
-                each.wait()
+        for each in started:
+            each.kill()
+            each.wait()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

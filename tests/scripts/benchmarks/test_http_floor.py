@@ -13,7 +13,8 @@ from scripts.benchmarks.studies.http_floor import SERVERS, VECTOR, format_table,
 
 async def answers(kind: str, body: object, times: int) -> list[tuple[int, object]]:
     """Each status and JSON answer of ``times`` POSTs of ``body``, all at once, to a bare server of ``kind``."""
-    async with started(kind, wait_s=0.001) as (url, pid), aiohttp.ClientSession() as session:
+    timeout = aiohttp.ClientTimeout(total=60)  # a server that never answers fails the test, not the suite's timeout
+    async with started(kind, wait_s=0.001) as (url, pid), aiohttp.ClientSession(timeout=timeout) as session:
         assert pid > 0
 
         async def post() -> tuple[int, object]:
