@@ -70,7 +70,7 @@ class _Shortcut:
 
     def __init__(self, bare: Any, lowercase: bool, added: re.Pattern[str] | None) -> None:
         self._bare = bare
-        self._encode = _without_offsets(bare)
+        self.encode = _without_offsets(bare)  # of inputs that :meth:`normalized` gave
         self._lowercase = lowercase
         self._added = added
         self._limits: tuple[int | None, str] | None = None
@@ -111,9 +111,6 @@ class _Shortcut:
             first, second = self._text(item[0]), self._text(item[1])
             return None if first is None or second is None else (first, second)
         return None
-
-    def encode(self, normalized: list[Any]) -> list[Any]:
-        return self._encode(normalized)
 
     def _text(self, text: Any) -> str | None:
         if type(text) is not str or not text.isascii() or CONTROL.search(text):

@@ -26,9 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -45,18 +42,18 @@ from scripts.benchmarks.load import loops as load
 from scripts.benchmarks.studies import cpu_path
 from scripts.benchmarks.systems.accelerator import MODEL
 from zbatch.runtime import eventloop, memory
-from zbatch.testing import free_port
+from zbatch.testing import Daemon, Daemons, free_port, spawn, start_http
 
 SERVERS = ("server", "application", "json", "relay")
 GATEWAY_MIDDLEWARES = 5  # connections, request ids, metrics, error shape, the in-flight guard (no API keys)
 VECTOR = np.linspace(-1.0, 1.0, cpu_path.DIMENSIONS, dtype=np.float32).reshape(1, -1)
-START_S = 30.0
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.Response]]
 
 
-def handler_of(kind: str, wait_s: float, echo: str) -> Handler:
-    """What a bare server of ``kind`` answers: after the body is read and ``wait_s`` has passed, a vector as JSON."""
+def handlers_of(kind: str, wait_s: float, echo: str) -> tuple[Handler, Handler]:
+    """What a bare server of ``kind`` answers: after the body is read and ``wait_s`` has passed, a vector as JSON;
+    and its readiness (the relay's, once its echo answers)."""
     if kind == "relay":
         return relay_to(echo)
     fixed = orjson.dumps(VECTOR, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -69,11 +66,16 @@ def handler_of(kind: str, wait_s: float, echo: str) -> Handler:
         written = orjson.dumps(VECTOR, option=orjson.OPT_SERIALIZE_NUMPY) if kind == "json" else fixed
         return web.Response(body=written, content_type="application/json")
 
-    return answer
+    return answer, ready
 
 
-def relay_to(echo: str) -> Handler:
-    """Each request's body to the ROUTER at ``echo``, and its answer's float32 vector back as JSON."""
+async def ready(request: web.BaseRequest) -> web.Response:
+    return web.Response(text="ok")
+
+
+def relay_to(echo: str) -> tuple[Handler, Handler]:
+    """Each request's body to the ROUTER at ``echo``, and its answer's float32 vector back as JSON; ready once a
+    round trip comes back."""
     loop = asyncio.get_running_loop()
     dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     dealer.connect(echo)
@@ -89,19 +91,27 @@ def relay_to(echo: str) -> Handler:
 
     loop.add_reader(dealer.fileno(), take_answers)
 
-    async def answer(request: web.BaseRequest) -> web.Response:
-        body = await request.read()
-        if not isinstance(orjson.loads(body).get("inputs"), str):
-            raise web.HTTPBadRequest()
+    async def round_trip(body: bytes) -> bytes:
         number = next(numbers).to_bytes(8, "little")
         waiting[number] = future = loop.create_future()
         dealer.send_multipart([number, body])
         loop.call_soon(take_answers)  # the send may have taken the FD's edge
-        vector = np.frombuffer(await future, dtype=np.float32).reshape(1, -1)
+        reply: bytes = await future
+        return reply
+
+    async def answer(request: web.BaseRequest) -> web.Response:
+        body = await request.read()
+        if not isinstance(orjson.loads(body).get("inputs"), str):
+            raise web.HTTPBadRequest()
+        vector = np.frombuffer(await round_trip(body), dtype=np.float32).reshape(1, -1)
         return web.Response(body=orjson.dumps(vector, option=orjson.OPT_SERIALIZE_NUMPY),
                             content_type="application/json")
 
-    return answer
+    async def echoed(request: web.BaseRequest) -> web.Response:
+        await round_trip(b"")
+        return await ready(request)
+
+    return answer, echoed
 
 
 async def echo(port: int, wait_s: float) -> None:
@@ -137,31 +147,19 @@ async def serve(kind: str, port: int, wait_s: float, echo_at: str) -> None:
     """One bare server of ``kind`` on ``port`` until killed."""
     if kind == "echo":
         return await echo(port, wait_s)
-    handler = handler_of(kind, wait_s, echo_at)
+    handler, health = handlers_of(kind, wait_s, echo_at)
     runner: web.BaseRunner
-    if kind == "server":
+    if kind == "server":  # every path answers, /healthz too
         runner = web.ServerRunner(web.Server(handler), access_log=None)
     else:
         app = web.Application(middlewares=[passing() for _ in range(GATEWAY_MIDDLEWARES)])
         app.router.add_post("/models/{model}", handler)
+        app.router.add_get("/healthz", health)
         runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     memory.collect_off_the_hot_path(logging.getLogger("zbatch.bench"))
     await asyncio.Event().wait()
-
-
-async def listening(port: int, process: subprocess.Popen[bytes]) -> None:
-    """Returns once ``port`` takes connections; SystemExit if its process ends or it is not up in START_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + START_S
-    while loop.time() < deadline and process.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise SystemExit(f"the bare server on port {port} did not start (exit status {process.poll()})")
 
 
 async def measure_bare(kind: str, concurrency: int, rate: float, warmup_s: float, seconds: float) -> dict[str, Any]:
@@ -187,21 +185,20 @@ async def window(kind: str, concurrency: int, wait_s: float, warmup_s: float, se
 @asynccontextmanager
 async def started(kind: str, wait_s: float) -> AsyncIterator[tuple[str, int]]:
     """A bare server of ``kind`` (and the relay's echo) in processes of their own: where to POST, and its pid."""
-    port, echo_port = free_port(), free_port()
-    command = [sys.executable, "-m", __spec__.name, "--port", str(port), "--wait-s", str(wait_s),
-               "--echo", f"tcp://127.0.0.1:{echo_port}"]
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        if kind == "relay":
-            started.append(subprocess.Popen([*command, "--serve", "echo", "--port", str(echo_port)]))
-        started.append(process := subprocess.Popen([*command, "--serve", kind]))
-        for each_port, each in zip((echo_port, port) if kind == "relay" else (port,), started, strict=True):
-            await listening(each_port, each)
-        yield f"http://127.0.0.1:{port}/models/{MODEL}", process.pid
-    finally:
-        for each in started:
-            each.kill()
-            each.wait()
+    with procs.running() as daemons:
+        server = await procs.start(daemons, start_bare, kind, wait_s)
+        yield f"{server.url}/models/{MODEL}", server.pid
+
+
+def start_bare(daemons: Daemons, kind: str, wait_s: float) -> Daemon:
+    """The relay's echo first (not waited for: the relay's DEALER connects when it binds), then the server, once
+    its /healthz answers (the relay's after a round trip through the echo)."""
+    echo = ""
+    if kind == "relay":
+        echo_port = free_port()
+        daemons.add(spawn(__spec__.name, "echo", daemons.log_dir, serve="echo", port=echo_port, wait_s=wait_s))
+        echo = f"tcp://127.0.0.1:{echo_port}"
+    return daemons.add(start_http(__spec__.name, kind, daemons.log_dir, serve=kind, wait_s=wait_s, echo=echo))
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
