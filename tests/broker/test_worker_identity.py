@@ -331,7 +331,7 @@ def test_a_client_key_cannot_register_a_worker(stack: Stack, context: Context) -
 
 # A worker process in a few lines: READY until the broker answers, then a heartbeat every interval.
 FAKE_WORKER = """
-import sys, time, zmq
+import os, sys, time, zmq
 from zbatch.protocol import wire
 from zbatch.protocol.wire import ModelInfo, Ready
 from zbatch.runtime.curve import CurveKeys
@@ -343,7 +343,8 @@ socket.connect(backend)
 interval, heard = float(sys.argv[5]) / 1000, False
 while True:
     socket.send_multipart(wire.encode_heartbeat() if heard else
-                          wire.encode_ready(Ready((ModelInfo("other-model", "embeddings", 4),), 8, name)))
+                          wire.encode_ready(Ready((ModelInfo("other-model", "embeddings", 4),), 8, name,
+                                                  pid=os.getpid())))
     until = time.monotonic() + interval
     while socket.poll(max(0, int((until - time.monotonic()) * 1000))):
         socket.recv_multipart()
@@ -365,17 +366,17 @@ def test_a_worker_whose_host_died_gets_its_name_back(stack: Stack) -> None:
 
     dead, restarted = fake_w2(), None
     try:
-        wait_until(lambda: w2_pid() == 0, 20, "the first w2 to register", stack.broker.log)
+        wait_until(lambda: w2_pid() == dead.pid, 20, "the first w2 to register", stack.broker.log)
         with Traffic(stack.broker.frontend, stack.keys.of("client")) as traffic:
             dead.send_signal(signal.SIGSTOP)
             restarted = fake_w2()
+            new_pid = restarted.pid
             traffic.expect_answers()
             # Registered again: the READY of the new connection reached the core (without the broker's
             # ZMTP heartbeats it never does: the dead connection keeps the name).
-            wait_until(lambda: stack.broker.log_path.read_text().count("registered: w2 ") >= 2, 30,
-                       "the restarted w2 to register", stack.broker.log)
+            wait_until(lambda: w2_pid() == new_pid, 30, "the restarted w2 to register", stack.broker.log)
         traffic.check()
-        assert w2_pid() == 0
+        assert w2_pid() == new_pid
     finally:
         for process in (dead, restarted):
             if process is not None:

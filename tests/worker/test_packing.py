@@ -17,9 +17,6 @@ from worker.runners.packing import PackedBert, packed_groups, packer_for, restar
 from worker.runners.spec import InputError
 
 LENGTHS = [3, 17, 1, 9, 30]  # mixed, so a padded pass pads all but one
-# On the CPU, torch runs attention over a jagged tensor by way of its strided nested tensors, and says once that
-# their API is a prototype: the accelerator's path (the one-call tests here) meets torch's warning, not a fault of ours.
-pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage:UserWarning")
 
 
 def padded_and_packed(model: Any, token_types: bool, packer: PackedBert | None = None
