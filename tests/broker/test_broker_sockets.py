@@ -36,6 +36,12 @@ def test_pipelined_requests_on_one_socket_get_their_own_answers(stack: dict[str,
 
 
 def test_load_spreads_across_both_workers(stack: dict[str, Daemon]) -> None:
+    def batches_by_worker() -> dict[str, int]:
+        stats = broker_stats(stack["broker"].frontend) or {"workers": []}
+        return {w["identity"]: w["batches"].get(MODEL, {}).get("batches", 0) for w in stats["workers"]}
+
+    before = batches_by_worker()  # the stack is the module's: earlier tests ran batches too
+
     async def burst() -> None:
         async with AsyncClient(stack["broker"].frontend) as client:
             await asyncio.gather(*(client.infer(MODEL, [f"text {i}"] * 2) for i in range(64)))
@@ -43,9 +49,8 @@ def test_load_spreads_across_both_workers(stack: dict[str, Daemon]) -> None:
     asyncio.run(burst())
 
     def both_batched() -> bool:
-        stats = broker_stats(stack["broker"].frontend) or {"workers": []}
-        counts = [w["batches"].get(MODEL, {}).get("batches", 0) for w in stats["workers"]]
-        return len(counts) == 2 and all(c > 0 for c in counts)
+        counts = batches_by_worker()
+        return len(counts) == 2 and counts.keys() == before.keys() and all(counts[w] > before[w] for w in counts)
 
     wait_until(both_batched, 10, "both workers to report batches", stack["broker"].log)
 

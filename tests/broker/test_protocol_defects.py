@@ -33,8 +33,9 @@ def context() -> Iterator[Context]:
 @pytest.fixture
 def broker(log_dir: Path) -> Iterator[Daemon]:
     # A memory bound of 256 items, which the size tests below count against (the default is far larger).
-    broker = start_broker(log_dir, models=(MODEL,), heartbeat_ms=HEARTBEAT_MS, no_worker_grace_ms=10_000,
-                          max_backlog=256)
+    # Liveness 10 (2 s): the fake workers' heartbeat threads may stall on a busy host; only silence expires them.
+    broker = start_broker(log_dir, models=(MODEL,), heartbeat_ms=HEARTBEAT_MS, heartbeat_liveness=10,
+                          no_worker_grace_ms=10_000, max_backlog=256)
     yield broker
     broker.stop()
 

@@ -105,7 +105,7 @@ def test_a_hung_worker_is_detected_and_not_double_answered(log_dir: Path) -> Non
         summary = load.summary()
         broker_answers = answered_by_broker(stack)
     report("SIGSTOP", detected_s=round(detected_s, 2), broker_answers=broker_answers, **summary)
-    assert detected_s < 0.25 * 3 + 2.0  # interval x liveness, plus a margin for a loaded machine
+    assert detected_s < 0.25 * 3 + 5.0  # interval x liveness, plus a margin for a loaded machine
     assert summary["answered"] == summary["sent"] and summary["ok"] >= 0.99 * summary["sent"]
     assert broker_answers == summary["sent"]  # one answer per request, none twice
 
@@ -133,7 +133,7 @@ def test_broker_restart_gives_fast_errors_then_service_resumes(log_dir: Path) ->
            slowest_outage_error_s=round(max(a.latency_s for a in outage), 3), **summary)
     assert summary["answered"] == summary["sent"]
     assert set(summary["by_code"]) <= {"ok", "broker_unavailable"}
-    assert max(a.latency_s for a in outage) < 5.0  # fast errors, far from the 30 s request timeout
+    assert max(a.latency_s for a in outage) < 10.0  # fast errors (the gateway waits out its 3 s liveness), not 30 s
 
 
 def test_rolling_sigterm_restart_of_both_workers_fails_nothing(log_dir: Path) -> None:

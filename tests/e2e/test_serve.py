@@ -107,8 +107,8 @@ def test_a_killed_worker_is_restarted_and_no_request_is_lost(served: Served) -> 
     log = served.log()
     assert re.search(rf"worker-0 \(pid {result['victim']}\) exited unexpectedly with signal SIGKILL after [\d.]+ s "
                      r"\(1 exit in a row\): restarting in 1\.0 s", log), log
-    back = re.search(r"worker-0 \(pid \d+\) is ready again, ([\d.]+) s after it exited", log)
-    assert back is not None, log
+    back = wait_until(lambda: re.search(r"worker-0 \(pid \d+\) is ready again, ([\d.]+) s after it exited",
+                                        served.log()), 30, "the supervisor to log worker-0 ready", served.daemon.log)
     print(f"worker-0 ready again {back.group(1)} s after it exited (the supervisor's log)")
 
 

@@ -48,9 +48,11 @@ def test_overload_is_retried_with_backoff_when_asked(log_dir: Path) -> None:
 
 def test_the_breaker_refuses_here_only_what_the_broker_would_refuse(log_dir: Path) -> None:
     """The worker is paused (SIGSTOP), so what the broker holds stays put until SIGCONT; a memory bound of 4
-    items, and no measured rate (the worker has run nothing), make the broker's verdicts exact: 1,000 ms."""
+    items, and no measured rate (the worker has run nothing), make the broker's verdicts exact: 1,000 ms.  A
+    liveness window of 30 s keeps the paused worker registered however slowly a busy host runs the scenario."""
     worker = {"capacity": 1, "max_batch_size": 1}
-    with running_stack(log_dir, workers=1, broker={"max_backlog": 4}, worker=worker, gateway=False) as stack:
+    broker = {"max_backlog": 4, "heartbeat_liveness": 30}
+    with running_stack(log_dir, workers=1, broker=broker, worker=worker, gateway=False) as stack:
         frontend = stack["broker"].frontend
 
         def refused_by_broker() -> int:

@@ -20,7 +20,8 @@ from zbatch.client import AsyncClient, BrokerUnavailable
 from zbatch.protocol import payloads, wire
 from zbatch.protocol.wire import Command, Reply, Status
 
-FAST = {"heartbeat_ms": 50, "heartbeat_liveness": 3}
+# A window of 0.5 s: short, yet longer than the stalls of a busy host's scheduler (a live broker stays live).
+FAST = {"heartbeat_ms": 50, "heartbeat_liveness": 10}
 
 
 class FakeBroker:
@@ -116,7 +117,7 @@ def test_a_connected_client_gives_a_broker_that_hangs_before_its_first_request_u
             await client.connect()
             a.hang()
             await until(lambda: not client.brokers[0].live)
-            async with asyncio.timeout(1.0):  # far below the 20 s a request would wait at the hung broker
+            async with asyncio.timeout(5.0):  # far below the 20 s a request would wait at the hung broker
                 return [(await client.infer("m", [str(i)]))[0] for i in range(4)]
         finally:
             await client.close()
@@ -147,7 +148,7 @@ def test_a_hung_broker_is_given_up_its_requests_replayed_and_it_rejoins_when_it_
 
     result = asyncio.run(scenario())
     assert [answer[0] for answer in result["answers"]] == ["b"] * 6
-    assert result["detected_s"] < 1.0  # 50 ms x 3, and replay, on a busy machine
+    assert result["detected_s"] < 5.0  # 50 ms x 10, and replay, on a busy machine: far below the 20 s timeout
     assert sorted(result["cancels"]) == sorted(result["moved"]) and len(result["moved"]) == 3
     assert "a" in result["after"]
 
