@@ -9,6 +9,7 @@ it holds its threads in, never on a sleep.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.daemons import Daemon, running_stack, wait_until
+from tests.daemons import Daemon, DaemonFailure, running_stack, wait_until
 from worker.cores import holders
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import Client
@@ -40,7 +41,10 @@ def worker_with_traffic(log_dir: Path) -> Iterator[Daemon]:
     """One worker with 2 torch threads, kept busy with batches of 16 texts from a client thread."""
     # torch: its 2-thread pass stalls whenever a thread loses its core, which is what the governor answers.
     # ONNX Runtime's sleeping threads degrade otherwise (issue 34; BENCHMARKS.md, Analysis, ONNX Runtime).
-    settings = {"workers": 1, "torch_threads": 2, "runtime": "torch"}
+    # A start cache of its own: the worker calibrates at its start, so the governor's "quiet host" is the host as
+    # it is before the test's busy processes (the run's shared record may come from a start on a busier host,
+    # and next to it a contended batch would not even look slow).
+    settings = {"workers": 1, "torch_threads": 2, "runtime": "torch", "onnx_cache": str(log_dir / "start-cache")}
     with running_stack(log_dir, workers=1, gateway=False, worker=settings) as daemons:
         stop = threading.Event()
 
@@ -58,12 +62,26 @@ def worker_with_traffic(log_dir: Path) -> Iterator[Daemon]:
             sender.join(30)
 
 
-def ran_on_two_cores(ledger: Path, seen: threading.Event, stop: threading.Event) -> None:
-    """Read the worker's holding in ``ledger`` every half millisecond until ``stop``; set ``seen`` at two cores."""
+def watch_for_a_batch_on(cores: int, ledger: Path, seen: threading.Event, stop: threading.Event) -> None:
+    """Read the worker's holding in ``ledger`` every half millisecond until ``stop``; set ``seen`` once it holds
+    ``cores`` (the test's worker is alone in its ledger: it holds what the governor chose for the batch)."""
     while not stop.is_set() and not seen.is_set():
-        if any(cores >= 2 for cores in holders(str(ledger)).values()):
+        if cores in holders(str(ledger)).values():
             seen.set()
         time.sleep(0.0005)
+
+
+@contextlib.contextmanager
+def watching_for_a_batch_on(cores: int, ledger: Path) -> Iterator[threading.Event]:
+    """An event set once a batch runs on ``cores`` cores, watched for in a thread for the ``with`` block."""
+    seen, stop = threading.Event(), threading.Event()
+    reader = threading.Thread(target=watch_for_a_batch_on, args=(cores, ledger, seen, stop))
+    reader.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        reader.join()
 
 
 def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(worker_with_traffic: Daemon,
@@ -72,7 +90,10 @@ def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(wo
     threads again.
 
     Bounded: the drop depends on the test's two busy processes alone (on a host already busy, the worker may be
-    on one thread before they start, which is the same claim).  Whether two threads then win again depends on
+    on one thread before they start, which is the same claim).  On a host far busier than that (the nightly
+    neighbour's stack, its busy loops and the suite's other process beside these two), two threads get twice
+    one thread's share of the cores and one thread may rightly never win: the worker must then at least have
+    tried one, a batch seen on one core.  Whether two threads then win again depends on
     what else the host runs: on a quiet host the worker goes back to two for good, beside another engineer's
     load one thread stays faster and it rightly stays there.  So the test waits for what holds on any host: a
     batch on two threads again (a probe, due within the governor's longest probe interval, or the switch
@@ -86,20 +107,20 @@ def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(wo
     for process in neighbours:
         process.start()
     try:
-        wait_until(lambda: "torch threads now 1" in log(), SWITCH_TIMEOUT_S,
-                   "the worker to drop to one torch thread next to two busy processes", worker.log)
+        with watching_for_a_batch_on(1, log_dir / "cores") as tried_one:
+            try:
+                wait_until(lambda: "torch threads now 1" in log(), SWITCH_TIMEOUT_S,
+                           "the worker to drop to one torch thread next to two busy processes", worker.log)
+                print("\nnext to two busy processes: dropped to one thread")
+            except DaemonFailure:
+                assert tried_one.is_set(), f"no batch on one thread next to two busy processes\n{worker.log()}"
+                print("\nnext to two busy processes: one thread tried, and two stayed faster on this busy host")
     finally:
         stop.set()
         for process in neighbours:
             process.join(10)
-    seen, done = threading.Event(), threading.Event()
-    reader = threading.Thread(target=ran_on_two_cores, args=(log_dir / "cores", seen, done))
-    reader.start()
-    try:
-        wait_until(seen.is_set, SWITCH_TIMEOUT_S, "a batch on two torch threads once the neighbours stopped",
+    with watching_for_a_batch_on(2, log_dir / "cores") as on_two:
+        wait_until(on_two.is_set, SWITCH_TIMEOUT_S, "a batch on two torch threads once the neighbours stopped",
                    worker.log)
-    finally:
-        done.set()
-        reader.join()
     back = "torch threads back to 2" in log()
     print(f"\nonce the neighbours stopped: {'back to two threads' if back else 'a probe of two threads'}")
