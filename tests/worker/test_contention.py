@@ -9,10 +9,8 @@ it holds its threads in, never on a sleep.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.daemons import Daemon, DaemonFailure, running_stack, wait_until
-from worker.cores import holders
+from tests.worker.ledgers import sampling
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import Client
 
@@ -62,26 +60,9 @@ def worker_with_traffic(log_dir: Path) -> Iterator[Daemon]:
             sender.join(30)
 
 
-def watch_for_a_batch_on(cores: int, ledger: Path, seen: threading.Event, stop: threading.Event) -> None:
-    """Read the worker's holding in ``ledger`` every half millisecond until ``stop``; set ``seen`` once it holds
-    ``cores`` (the test's worker is alone in its ledger: it holds what the governor chose for the batch)."""
-    while not stop.is_set() and not seen.is_set():
-        if cores in holders(str(ledger)).values():
-            seen.set()
-        time.sleep(0.0005)
-
-
-@contextlib.contextmanager
-def watching_for_a_batch_on(cores: int, ledger: Path) -> Iterator[threading.Event]:
-    """An event set once a batch runs on ``cores`` cores, watched for in a thread for the ``with`` block."""
-    seen, stop = threading.Event(), threading.Event()
-    reader = threading.Thread(target=watch_for_a_batch_on, args=(cores, ledger, seen, stop))
-    reader.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        reader.join()
+def ran_on(cores: int, samples: list[dict[int, int]]) -> bool:
+    """A batch ran on ``cores`` cores (the test's worker is alone in its ledger: it holds what the governor chose)."""
+    return any(cores in held.values() for held in samples)
 
 
 def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(worker_with_traffic: Daemon,
@@ -89,16 +70,16 @@ def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(wo
     """Two busy processes of the test's own move the worker to one thread; once they stop, it runs a batch on two
     threads again.
 
-    Bounded: the drop depends on the test's two busy processes alone (on a host already busy, the worker may be
-    on one thread before they start, which is the same claim).  On a host far busier than that (the nightly
-    neighbour's stack, its busy loops and the suite's other process beside these two), two threads get twice
-    one thread's share of the cores and one thread may rightly never win: the worker must then at least have
-    tried one, a batch seen on one core.  Whether two threads then win again depends on
-    what else the host runs: on a quiet host the worker goes back to two for good, beside another engineer's
-    load one thread stays faster and it rightly stays there.  So the test waits for what holds on any host: a
-    batch on two threads again (a probe, due within the governor's longest probe interval, or the switch
-    back), seen as two cores held in the cores ledger the worker takes its threads from (the harness gives
-    the test's workers a ledger of their own).  Which count wins is the governor's unit tests' (test_threads.py).
+    Bounded: the drop depends on the test's two busy processes alone (on a host already busy, the worker may be on
+    one thread before they start, which is the same claim). On a host far busier than that (the nightly neighbour's
+    stack, its busy loops and the suite's other process beside these two), two threads get twice one thread's share
+    of the cores and one thread may rightly never win: the worker must then at least have tried one, a batch seen on
+    one core. Whether two threads then win again depends on what else the host runs: on a quiet host the worker goes
+    back to two for good, beside another engineer's load one thread stays faster and it rightly stays there. So the
+    test waits for what holds on any host: a batch on two threads again (a probe, due within the governor's longest
+    probe interval, or the switch back), seen as two cores held in the cores ledger the worker takes its threads
+    from (the harness gives the test's workers a ledger of their own). Which count wins is the governor's unit
+    tests' (test_threads.py).
     """
     worker = worker_with_traffic
     log = worker.log_path.read_text
@@ -107,20 +88,20 @@ def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(wo
     for process in neighbours:
         process.start()
     try:
-        with watching_for_a_batch_on(1, log_dir / "cores") as tried_one:
+        with sampling(log_dir / "cores") as samples:
             try:
                 wait_until(lambda: "torch threads now 1" in log(), SWITCH_TIMEOUT_S,
                            "the worker to drop to one torch thread next to two busy processes", worker.log)
                 print("\nnext to two busy processes: dropped to one thread")
             except DaemonFailure:
-                assert tried_one.is_set(), f"no batch on one thread next to two busy processes\n{worker.log()}"
+                assert ran_on(1, samples), f"no batch on one thread next to two busy processes\n{worker.log()}"
                 print("\nnext to two busy processes: one thread tried, and two stayed faster on this busy host")
     finally:
         stop.set()
         for process in neighbours:
             process.join(10)
-    with watching_for_a_batch_on(2, log_dir / "cores") as on_two:
-        wait_until(on_two.is_set, SWITCH_TIMEOUT_S, "a batch on two torch threads once the neighbours stopped",
-                   worker.log)
+    with sampling(log_dir / "cores") as samples:
+        wait_until(lambda: ran_on(2, samples), SWITCH_TIMEOUT_S,
+                   "a batch on two torch threads once the neighbours stopped", worker.log)
     back = "torch threads back to 2" in log()
     print(f"\nonce the neighbours stopped: {'back to two threads' if back else 'a probe of two threads'}")

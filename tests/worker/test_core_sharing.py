@@ -7,41 +7,19 @@ every half millisecond while a client sends requests one at a time, then while e
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.daemons import running_stack
-from worker.cores import holders, host_cores
+from tests.worker.ledgers import sampling
+from worker.cores import host_cores
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.client import Client
 
 TEXTS = [f"sentence number {i} has a few more words " * (1 + i % 4) for i in range(8)]
 CLIENTS = 8
 BUSY_S = 6.0
-
-
-@contextmanager
-def sampling(path: Path) -> Iterator[list[dict[int, int]]]:
-    """The cores each worker holds, read from the ledger every half millisecond while the block runs."""
-    samples: list[dict[int, int]] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            samples.append(holders(str(path)))
-            time.sleep(0.0005)
-
-    reader = threading.Thread(target=sample)
-    reader.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        reader.join()
 
 
 def test_two_workers_split_the_cores_and_a_lone_busy_one_gets_them_all(log_dir: Path) -> None:
