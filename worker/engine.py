@@ -131,6 +131,7 @@ class InferenceThread:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._staged: dict[str, StagedRunner[Any, Any]] = {}  # the loaded models the pool prepares ahead
         self._governed_threads = torch_threads
+        self._faster_than_calibrated = False  # logged once: batches showed calibration ran on a busier host
         self._loop = loop
         self._done = done
         self._batches: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -248,7 +249,12 @@ class InferenceThread:
         self._done(ticket, outcomes, elapsed_s)
 
     def _governed(self, governor: ThreadGovernor) -> int:
-        """The governor's thread count for the next batch (probes included); logged when its choice changes."""
+        """The governor's thread count for the next batch (probes included); logged when its choice changes, and
+        once when batches show that calibration ran on a busier host."""
+        if governor.reference < 1 and not self._faster_than_calibrated:
+            self._faster_than_calibrated = True
+            log.info("batches run in %.2fx their calibrated time: calibration ran on a busier host, so these batches "
+                     "are now the quiet reference for the thread count", governor.reference)
         if governor.current != self._governed_threads:
             self._governed_threads = governor.current
             if governor.current < governor.full:

@@ -24,6 +24,13 @@ with one thread while it is contended:
    must not move the count.
 4. A losing probe doubles the wait before the next one, up to
    ``MAX_PROBE_INTERVAL_S``.
+5. Calibration may itself have run on a busy host (its record is kept
+   between starts), and then contended batches do not look slow against it.
+   So the governor also keeps the lowest median slowdown its full count has
+   shown.  Once that *floor* is under ``TRUSTED_FLOOR`` (batches ran clearly
+   faster than calibrated), the floor is the quiet reference and slowdowns
+   are measured against it; above it, model misfit, not a busy calibration,
+   explains the gap and calibration stays the reference.
 
 Sans I/O: the caller reports each batch and asks for the next count; the
 clock is passed in.  Batches without a modelled time (batch 1, tasks with no
@@ -41,6 +48,7 @@ SUSPECT_SLOWDOWN = 1.5  # below this the full thread count is doing fine: no pro
 WIN_MARGIN = 0.9  # a probe must beat the current median by 10 % to win
 RECENT_BATCHES = 3
 PROBE_BATCHES = 2  # probe batches in a row that must each win before the count switches
+TRUSTED_FLOOR = 0.67  # full-count batches this much faster than calibrated: calibration ran on a busier host
 BASE_PROBE_INTERVAL_S = 2.0
 MAX_PROBE_INTERVAL_S = 32.0
 
@@ -52,7 +60,8 @@ class ThreadGovernor:
         self.full = full
         self.current = full
         self._clock = clock
-        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)
+        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)  # raw: batch time over modelled time
+        self._floor = 1.0  # the lowest median of RECENT_BATCHES full-count batches, calibration's 1 at most
         self._probing = False
         self._probe_wins: list[float] = []  # slowdowns of this probe's winning batches so far
         self._probe_interval_s = BASE_PROBE_INTERVAL_S
@@ -70,15 +79,23 @@ class ThreadGovernor:
             return
         slowdown = seconds / modelled_seconds
         if self._probing and threads != self.current:
-            self._settle_probe(slowdown)
+            self._settle_probe(slowdown / self.reference)
         elif threads == self.current:
             self._recent.append(slowdown)
+            if threads == self.full and len(self._recent) == RECENT_BATCHES:
+                self._floor = min(self._floor, statistics.median(self._recent))
             self._probing = self._probe_due()
 
     @property
+    def reference(self) -> float:
+        """A quiet full-count batch's time over its modelled time: 1 (calibration), or the floor (rule 5)."""
+        return self._floor if self._floor < TRUSTED_FLOOR else 1.0
+
+    @property
     def slowdown(self) -> float:
-        """Median slowdown of the recent batches at the current count (0 before any)."""
-        return statistics.median(self._recent) if self._recent else 0.0
+        """Median slowdown of the recent batches at the current count, against the quiet reference (0 before
+        any)."""
+        return statistics.median(self._recent) / self.reference if self._recent else 0.0
 
     def _probe_due(self) -> bool:
         if self._clock() < self._next_probe_at:
@@ -96,7 +113,7 @@ class ThreadGovernor:
         self.lost_slowdown = self.slowdown
         self.current = self._other()
         self._recent.clear()
-        self._recent.extend(self._probe_wins)
+        self._recent.extend(win * self.reference for win in self._probe_wins)
         self._end_probe(BASE_PROBE_INTERVAL_S)
 
     def _end_probe(self, next_interval_s: float) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from worker.threads import (
     BASE_PROBE_INTERVAL_S,
     MAX_PROBE_INTERVAL_S,
     PROBE_BATCHES,
+    RECENT_BATCHES,
     SUSPECT_SLOWDOWN,
+    TRUSTED_FLOOR,
     ThreadGovernor,
 )
 
@@ -125,3 +129,49 @@ def test_batches_without_a_modelled_time_and_single_thread_workers_change_nothin
     for _ in range(10):
         run_batch(single, clock, {1: 5.0})
     assert single.threads == 1
+
+
+BUSY_CALIBRATION = 0.25 * 7  # a record made on a host 7x busier than this one (seen on a nightly run)
+
+
+def test_a_calibration_made_on_a_busy_host_gives_way_to_the_quiet_batches_seen_since() -> None:
+    """Against the busy record, contended batches (0.31 of it) never look slow; against the quiet batches they do."""
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    used = {run_batch(governor, clock, QUIET, modelled=BUSY_CALIBRATION) for _ in range(RECENT_BATCHES)}
+    assert used == {2}
+    assert governor.reference == pytest.approx(QUIET[2] / BUSY_CALIBRATION)
+    # Two contended batches make the median of the last three slow, then the probe's two batches win.
+    used = {run_batch(governor, clock, ONE_NEIGHBOUR, modelled=BUSY_CALIBRATION) for _ in range(2 + PROBE_BATCHES)}
+    assert governor.current == 1
+    assert governor.lost_slowdown == pytest.approx(ONE_NEIGHBOUR[2] / QUIET[2])
+    assert {run_batch(governor, clock, ONE_NEIGHBOUR, modelled=BUSY_CALIBRATION) for _ in range(3)} == {1}
+
+
+def test_without_a_floor_the_busy_calibration_hides_the_neighbour() -> None:
+    """The same contended batches, with no quiet ones seen first: nothing to compare them with but the record."""
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    used = {run_batch(governor, clock, ONE_NEIGHBOUR, modelled=BUSY_CALIBRATION) for _ in range(50)}
+    assert used == {2}
+    assert governor.slowdown < SUSPECT_SLOWDOWN
+
+
+def test_batches_a_little_faster_than_calibrated_leave_calibration_the_reference() -> None:
+    """Model misfit: quiet batches at 0.75 of their modelled time, ordinary ones at 1.2, never probed."""
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    quick, ordinary = {2: 0.25 * 0.75}, {2: 0.25 * 1.2}
+    assert 0.75 > TRUSTED_FLOOR and 1.2 / 0.75 >= SUSPECT_SLOWDOWN
+    used = {run_batch(governor, clock, quick) for _ in range(10)}
+    used |= {run_batch(governor, clock, ordinary) for _ in range(100)}
+    assert used == {2}
+    assert governor.reference == 1.0
+
+
+def test_one_fast_batch_does_not_lower_the_reference() -> None:
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    for seconds in [0.25, 0.25 * 0.2, 0.25, 0.25, 0.25 * 0.2, 0.25]:
+        run_batch(governor, clock, {2: seconds})
+    assert governor.reference == 1.0

@@ -17,7 +17,9 @@ short shape, which costs a few milliseconds.  If it runs clearly faster than
 when the record was made (under :data:`QUIETER` of the kept time), the host
 was busier then: the whole calibration runs again and replaces the record.
 A busy start keeps a quiet record, and a record made while the host was busy
-is replaced by the next quiet start.
+is replaced by the next quiet start.  On a host busy at every start, such a
+record stays, and the governor's own floor (rule 5 of
+:mod:`worker.threads`) takes over from it once quieter batches show it.
 """
 
 from __future__ import annotations
