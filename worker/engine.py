@@ -206,7 +206,7 @@ class InferenceThread:
             elapsed = time.perf_counter() - started
             self._loop.call_soon_threadsafe(self._finish, job.work.ticket, outcomes, elapsed)
             if threads == wanted:  # a batch on fewer threads than chosen (cores shared) says nothing of the choice
-                governor.observe(threads, elapsed, runner.modelled_seconds)
+                governor.observe(threads, elapsed, runner.modelled_seconds, job.work.model)
 
     def _open_ledger(self) -> None:
         """The host's cores ledger, for a worker whose models run on the CPU; every core is then the most a
@@ -251,10 +251,10 @@ class InferenceThread:
     def _governed(self, governor: ThreadGovernor) -> int:
         """The governor's thread count for the next batch (probes included); logged when its choice changes, and
         once when batches show that calibration ran on a busier host."""
-        if governor.reference < 1 and not self._faster_than_calibrated:
+        if governor.lowest_reference < 1 and not self._faster_than_calibrated:
             self._faster_than_calibrated = True
             log.info("batches run in %.2fx their calibrated time: calibration ran on a busier host, so these batches "
-                     "are now the quiet reference for the thread count", governor.reference)
+                     "are now the quiet reference for the thread count", governor.lowest_reference)
         if governor.current != self._governed_threads:
             self._governed_threads = governor.current
             if governor.current < governor.full:

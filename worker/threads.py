@@ -26,11 +26,13 @@ with one thread while it is contended:
    ``MAX_PROBE_INTERVAL_S``.
 5. Calibration may itself have run on a busy host (its record is kept
    between starts), and then contended batches do not look slow against it.
-   So the governor also keeps the lowest median slowdown its full count has
-   shown.  Once that *floor* is under ``TRUSTED_FLOOR`` (batches ran clearly
-   faster than calibrated), the floor is the quiet reference and slowdowns
-   are measured against it; above it, model misfit, not a busy calibration,
-   explains the gap and calibration stays the reference.
+   So the governor also keeps, for each model (each has its own calibration),
+   the lowest median of ``RECENT_BATCHES`` of its full-count batches' times
+   over their modelled times.  Once that *floor* is under ``TRUSTED_FLOOR``
+   (batches ran clearly faster than calibrated), it is the model's quiet
+   reference and its batches' slowdowns are measured against it; above it,
+   model misfit, not a busy calibration, explains the gap and calibration
+   stays the reference.
 
 Sans I/O: the caller reports each batch and asks for the next count; the
 clock is passed in.  Batches without a modelled time (batch 1, tasks with no
@@ -60,8 +62,9 @@ class ThreadGovernor:
         self.full = full
         self.current = full
         self._clock = clock
-        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)  # raw: batch time over modelled time
-        self._floor = 1.0  # the lowest median of RECENT_BATCHES full-count batches, calibration's 1 at most
+        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)
+        self._full_count: dict[str, deque[float]] = {}  # by model: recent full-count batch times over modelled
+        self._floors: dict[str, float] = {}  # by model: the lowest median of those (rule 5)
         self._probing = False
         self._probe_wins: list[float] = []  # slowdowns of this probe's winning batches so far
         self._probe_interval_s = BASE_PROBE_INTERVAL_S
@@ -73,29 +76,41 @@ class ThreadGovernor:
         """The thread count for the next batch (a probe runs at the other one)."""
         return self._other() if self._probing else self.current
 
-    def observe(self, threads: int, seconds: float, modelled_seconds: float) -> None:
-        """One batch ran on ``threads`` in ``seconds``; calibration says ``modelled_seconds`` on the full count."""
+    def observe(self, threads: int, seconds: float, modelled_seconds: float, model: str = "") -> None:
+        """One batch of ``model`` ran on ``threads`` in ``seconds``; its calibration says ``modelled_seconds`` on
+        the full count."""
         if self.full <= 1 or modelled_seconds <= 0:
             return
-        slowdown = seconds / modelled_seconds
+        if threads == self.full:
+            self._lower_floor(model, seconds / modelled_seconds)
+        slowdown = seconds / modelled_seconds / self.reference(model)
         if self._probing and threads != self.current:
-            self._settle_probe(slowdown / self.reference)
+            self._settle_probe(slowdown)
         elif threads == self.current:
             self._recent.append(slowdown)
-            if threads == self.full and len(self._recent) == RECENT_BATCHES:
-                self._floor = min(self._floor, statistics.median(self._recent))
             self._probing = self._probe_due()
 
+    def reference(self, model: str = "") -> float:
+        """A quiet full-count batch's time over its modelled time: 1 (calibration), or the model's floor (rule 5)."""
+        floor = self._floors.get(model, 1.0)
+        return floor if floor < TRUSTED_FLOOR else 1.0
+
     @property
-    def reference(self) -> float:
-        """A quiet full-count batch's time over its modelled time: 1 (calibration), or the floor (rule 5)."""
-        return self._floor if self._floor < TRUSTED_FLOOR else 1.0
+    def lowest_reference(self) -> float:
+        """The lowest reference of any model: under 1 once some model's calibration proved to be a busy one."""
+        return min((self.reference(model) for model in self._floors), default=1.0)
 
     @property
     def slowdown(self) -> float:
-        """Median slowdown of the recent batches at the current count, against the quiet reference (0 before
+        """Median slowdown of the recent batches at the current count, against their quiet reference (0 before
         any)."""
-        return statistics.median(self._recent) / self.reference if self._recent else 0.0
+        return statistics.median(self._recent) if self._recent else 0.0
+
+    def _lower_floor(self, model: str, ratio: float) -> None:
+        recent = self._full_count.setdefault(model, deque(maxlen=RECENT_BATCHES))
+        recent.append(ratio)
+        if len(recent) == RECENT_BATCHES:
+            self._floors[model] = min(self._floors.get(model, 1.0), statistics.median(recent))
 
     def _probe_due(self) -> bool:
         if self._clock() < self._next_probe_at:
@@ -113,7 +128,7 @@ class ThreadGovernor:
         self.lost_slowdown = self.slowdown
         self.current = self._other()
         self._recent.clear()
-        self._recent.extend(win * self.reference for win in self._probe_wins)
+        self._recent.extend(self._probe_wins)
         self._end_probe(BASE_PROBE_INTERVAL_S)
 
     def _end_probe(self, next_interval_s: float) -> None:

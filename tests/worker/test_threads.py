@@ -26,12 +26,12 @@ class FakeClock:
 
 
 def run_batch(governor: ThreadGovernor, clock: FakeClock, seconds_at: dict[int, float],
-              modelled: float = 0.25) -> int:
+              modelled: float = 0.25, model: str = "m") -> int:
     """Run one batch at the governor's choice; ``seconds_at`` maps a thread count to its batch time."""
     threads = governor.threads
     seconds = seconds_at[threads]
     clock.now += seconds
-    governor.observe(threads, seconds, modelled)
+    governor.observe(threads, seconds, modelled, model)
     return threads
 
 
@@ -140,7 +140,7 @@ def test_a_calibration_made_on_a_busy_host_gives_way_to_the_quiet_batches_seen_s
     governor = ThreadGovernor(2, clock)
     used = {run_batch(governor, clock, QUIET, modelled=BUSY_CALIBRATION) for _ in range(RECENT_BATCHES)}
     assert used == {2}
-    assert governor.reference == pytest.approx(QUIET[2] / BUSY_CALIBRATION)
+    assert governor.reference("m") == pytest.approx(QUIET[2] / BUSY_CALIBRATION)
     # Two contended batches make the median of the last three slow, then the probe's two batches win.
     used = {run_batch(governor, clock, ONE_NEIGHBOUR, modelled=BUSY_CALIBRATION) for _ in range(2 + PROBE_BATCHES)}
     assert governor.current == 1
@@ -166,7 +166,7 @@ def test_batches_a_little_faster_than_calibrated_leave_calibration_the_reference
     used = {run_batch(governor, clock, quick) for _ in range(10)}
     used |= {run_batch(governor, clock, ordinary) for _ in range(100)}
     assert used == {2}
-    assert governor.reference == 1.0
+    assert governor.reference("m") == 1.0
 
 
 def test_one_fast_batch_does_not_lower_the_reference() -> None:
@@ -174,4 +174,18 @@ def test_one_fast_batch_does_not_lower_the_reference() -> None:
     governor = ThreadGovernor(2, clock)
     for seconds in [0.25, 0.25 * 0.2, 0.25, 0.25, 0.25 * 0.2, 0.25]:
         run_batch(governor, clock, {2: seconds})
-    assert governor.reference == 1.0
+    assert governor.reference("m") == 1.0 and governor.lowest_reference == 1.0
+
+
+def test_each_model_has_its_own_reference() -> None:
+    """Two models on one worker: one calibrated on a busy host, one not; only the first one's reference moves."""
+    clock = FakeClock()
+    governor = ThreadGovernor(2, clock)
+    for _ in range(RECENT_BATCHES):
+        run_batch(governor, clock, QUIET, modelled=BUSY_CALIBRATION, model="busy")
+        run_batch(governor, clock, QUIET, model="quiet")
+    assert governor.reference("busy") == pytest.approx(QUIET[2] / BUSY_CALIBRATION)
+    assert governor.reference("quiet") == 1.0
+    assert governor.lowest_reference == governor.reference("busy")
+    used = {run_batch(governor, clock, QUIET, model="quiet") for _ in range(20)}
+    assert used == {2} and governor.slowdown == pytest.approx(1.0)
