@@ -251,7 +251,7 @@ class InferenceThread:
     def _governed(self, governor: ThreadGovernor) -> int:
         """The governor's thread count for the next batch (probes included); logged when its choice changes, and
         once when batches show that calibration ran on a busier host."""
-        if governor.lowest_reference < 1 and not self._faster_than_calibrated:
+        if not self._faster_than_calibrated and governor.lowest_reference < 1:
             self._faster_than_calibrated = True
             log.info("batches run in %.2fx their calibrated time: calibration ran on a busier host, so these batches "
                      "are now the quiet reference for the thread count", governor.lowest_reference)

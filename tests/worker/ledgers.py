@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ def sampling(path: Path) -> Iterator[list[dict[int, int]]]:
             held = holders(str(path))
             if not samples or held != samples[-1]:
                 samples.append(held)
-            time.sleep(0.0005)
+            stop.wait(0.0005)  # the sampling period; ends at once when the block does
 
     reader = threading.Thread(target=sample)
     reader.start()

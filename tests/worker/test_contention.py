@@ -46,6 +46,7 @@ def plant_busy_calibration(cache: Path, log_dir: Path, settings: dict[str, objec
     A fault planted by hand (named so): the record's batches cost BUSIER times what they cost here, and its short
     pass is one no start beats, so the next start keeps it, as every start on a host never quieter than the
     record's does. Made for real, it takes a host that is busy at every start and quiet later."""
+    (log_dir / "first-start").mkdir()
     with running_stack(log_dir / "first-start", workers=1, gateway=False, worker=settings):
         pass
     records = list((cache / "calibrations").glob("*.json"))
@@ -68,8 +69,8 @@ def worker_with_traffic(log_dir: Path, request: pytest.FixtureRequest) -> Iterat
     # from the quiet batches it ran before the busy processes came).
     cache = log_dir / "start-cache"
     settings: dict[str, object] = {"workers": 1, "torch_threads": 2, "runtime": "torch", "onnx_cache": str(cache)}
-    if request.param == BUSY_CALIBRATION:
-        (log_dir / "first-start").mkdir()
+    planted = request.param == BUSY_CALIBRATION
+    if planted:
         plant_busy_calibration(cache, log_dir, settings)
     with running_stack(log_dir, workers=1, gateway=False, worker=settings) as daemons:
         stop = threading.Event()
@@ -81,8 +82,14 @@ def worker_with_traffic(log_dir: Path, request: pytest.FixtureRequest) -> Iterat
 
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
+        worker = daemons["w1"]
         try:
-            yield daemons["w1"]
+            if planted:  # kept by the start, then seen through by the quiet batches before the busy processes
+                assert "s (from the cache)" in worker.log_path.read_text(), worker.log()
+                wait_until(lambda: "calibration ran on a busier host" in worker.log_path.read_text(),
+                           SWITCH_TIMEOUT_S, "the worker's quiet batches to show its kept calibration came from a "
+                           "busier host", worker.log)
+            yield worker
         finally:
             stop.set()
             sender.join(30)
@@ -95,8 +102,7 @@ def ran_on(cores: int, samples: list[dict[int, int]]) -> bool:
 
 @pytest.mark.parametrize("worker_with_traffic", [OWN_CALIBRATION, BUSY_CALIBRATION], indirect=True)
 def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(worker_with_traffic: Daemon,
-                                                                               log_dir: Path,
-                                                                               request: pytest.FixtureRequest) -> None:
+                                                                               log_dir: Path) -> None:
     """Two busy processes of the test's own move the worker to one thread; once they stop, it runs a batch on two
     threads again.
 
@@ -113,10 +119,6 @@ def test_busy_neighbours_move_the_worker_to_one_thread_and_it_tries_two_again(wo
     """
     worker = worker_with_traffic
     log = worker.log_path.read_text
-    if request.node.callspec.params["worker_with_traffic"] == BUSY_CALIBRATION:
-        assert "s (from the cache)" in log(), worker.log()  # the planted record was kept
-        wait_until(lambda: "calibration ran on a busier host" in log(), SWITCH_TIMEOUT_S,
-                   "the worker's quiet batches to show its kept calibration came from a busier host", worker.log)
     stop = multiprocessing.Event()
     neighbours = [multiprocessing.Process(target=busy_loop, args=(stop,)) for _ in range(2)]
     for process in neighbours:
