@@ -1,6 +1,7 @@
 """The hold on this host's idle states (zbatch/runtime/wakeup.py), in this process and in a real ``zbatch serve``.
 
-Where this process may not write Linux's PM QoS file the holding tests skip; CI runs as root, where they run.
+Where this process may not write Linux's PM QoS file, or the host has no cpuidle driver (a virtual machine may
+have none), the holding tests skip; the refusals run everywhere, on a faked sysfs where the host lacks what they need.
 A hold by another process on the host (a test beside this one) can only lower the value read, so each test
 checks its own process's open file and the value 0 while it holds, never the value after.
 """
@@ -28,10 +29,11 @@ def _may_hold() -> bool:
         os.close(os.open(wakeup.PM_QOS, os.O_WRONLY))
     except OSError:
         return False
-    return (wakeup.CPUS / "cpuidle" / "current_driver").exists()
+    return wakeup.has_idle_driver()
 
 
-may_hold = pytest.mark.skipif(not _may_hold(), reason=f"{wakeup.PM_QOS} cannot be held here")
+may_hold = pytest.mark.skipif(not _may_hold(),
+                              reason=f"{wakeup.PM_QOS} cannot be held here (not writable, or no cpuidle driver)")
 
 
 def holds_pm_qos(pid: int) -> bool:
@@ -65,13 +67,40 @@ def test_a_hold_keeps_idle_cores_polling_while_inside_and_ends_with_it(caplog: p
     assert "holding this host's cores in idle states they leave within 0 µs" in caplog.text
 
 
+def _fake_cpus(root: Path, driver: str | None) -> Path:
+    """FAKE: a sysfs CPU folder whose cpuidle driver is ``driver`` (None: no cpuidle folder), with cpu0's one idle
+    state listed where there is a driver; a host's idle driver cannot be changed by a test."""
+    (root / "cpu0").mkdir(parents=True)
+    if driver is not None:
+        (root / "cpuidle").mkdir()
+        (root / "cpuidle" / "current_driver").write_text(f"{driver}\n")
+        if driver != "none":
+            state = root / "cpu0" / "cpuidle" / "state0"
+            state.mkdir(parents=True)
+            (state / "name").write_text("POLL\n")
+            (state / "latency").write_text("0\n")
+    return root
+
+
 def test_a_hold_that_cannot_be_taken_is_a_warning_saying_what_would_allow_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """FAKE: the file made absent (as in a container without it), since a root test cannot be refused it."""
+    """FAKE: the file made absent (as in a container without it), since a root test cannot be refused it, on a host
+    with an idle driver (faked too: a virtual machine may have none)."""
+    monkeypatch.setattr(wakeup, "CPUS", _fake_cpus(tmp_path / "cpu", "haltpoll"))
     monkeypatch.setattr(wakeup, "PM_QOS", tmp_path / "cpu_dma_latency")
     with caplog.at_level(logging.WARNING, log.name), wakeup.held(0, log) as held:
-        assert held is False
+        assert held is False and not holds_pm_qos(os.getpid())
     assert "cpu_wake_latency_us=0 is not held" in caplog.text and "run zbatch serve as root" in caplog.text
+
+
+@pytest.mark.parametrize("driver", [None, "none"], ids=["no cpuidle folder", "driver none"])
+def test_a_host_without_an_idle_driver_takes_no_hold_and_says_why(
+        driver: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(wakeup, "CPUS", _fake_cpus(tmp_path / "cpu", driver))
+    with caplog.at_level(logging.WARNING, log.name), wakeup.held(0, log) as held:
+        assert held is False and not holds_pm_qos(os.getpid())
+    assert "cpu_wake_latency_us=0 is not held: this host has no cpuidle driver" in caplog.text
+
 
 
 @may_hold

@@ -53,6 +53,14 @@ def idle_states(cpu: int = 0) -> str:
                                                          if halt_poll.exists() else ""))
 
 
+def has_idle_driver() -> bool:
+    """Whether this host's cores have idle states a PM QoS bound can limit: a cpuidle driver (not ``none``) with
+    states listed for cpu0.  A virtual machine may have neither, and its idle vCPUs sleep as its hypervisor decides."""
+    driver = CPUS / "cpuidle" / "current_driver"
+    return (driver.exists() and driver.read_text().strip() not in ("", "none")
+            and (CPUS / "cpu0" / "cpuidle").exists())
+
+
 def bound_us() -> int | None:
     """The bound in force on this host's idle states (µs; :data:`MAX_WAKE_US`: none), or None where this process
     may not read it."""
@@ -72,7 +80,7 @@ def held(max_wake_us: int, log: logging.Logger) -> Iterator[bool]:
     if max_wake_us == HOST_POLICY:
         yield False
         return
-    if not (CPUS / "cpuidle" / "current_driver").exists() or not (CPUS / "cpu0" / "cpuidle").exists():
+    if not has_idle_driver():
         log.warning("cpu_wake_latency_us=%d is not held: this host has no cpuidle driver, so its idle cores sleep "
                     "as its kernel or hypervisor decides, and a PM QoS bound has nothing to limit", max_wake_us)
         yield False
