@@ -136,3 +136,69 @@ def test_a_tokenizer_of_another_normalizer_or_release_takes_the_whole_path() -> 
             return inputs
 
     assert TextEncoder(OlderTokenizer())(["a"]) == ["a"]
+
+
+# Printable ASCII only: what the word path takes (every punctuation mark, digits, both cases, runs of spaces), and
+# words past WordPiece's 100 characters, which it gives as [UNK].
+ASCII_TEXT = st.lists(st.one_of(st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=12),
+                                st.sampled_from(["x" * 101, "ab" * 60, "unaffable", "##s", "[CLS]", "a[mask]"])),
+                      max_size=8).map("".join)
+TIGHT_LIMITS = [*LIMITS, (1, "right"), (2, "left"), (3, "right"), (3, "left"), (5, "left")]
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZERS))
+@settings(max_examples=80, deadline=None)
+@given(texts=st.lists(ASCII_TEXT, min_size=1, max_size=5), limit=st.sampled_from(TIGHT_LIMITS))
+def test_printable_ascii_by_words_gives_the_whole_paths_ids_at_any_truncation(
+        name: str, texts: list[str], limit: tuple[int | None, str]) -> None:
+    tokenizer, encoder = TOKENIZERS[name], ENCODERS[name]
+    encoder.limit(*limit)
+    assert [(each.ids, each.type_ids) for each in encoder(texts)] == whole(tokenizer, texts, limit)
+
+
+def test_each_word_is_asked_of_the_library_once() -> None:
+    """White-box: the texts handed to the library are recorded; a text of known words is not handed to it."""
+    tokenizer = bundled_tokenizer()
+    encoder = TextEncoder(tokenizer)
+    encoder.limit(None)
+    words = encoder._shortcut._words  # type: ignore[union-attr]
+    assert words is not None, "the bundled tokenizer (BERT's pre-tokenizer, WordPiece) takes the word path"
+    asked: list[str] = []
+    library = words._learn
+
+    def recording(text: str, split: list[str]) -> list[int]:
+        asked.append(text)
+        return library(text, split)
+
+    words._learn = recording  # type: ignore[method-assign]
+    texts = ["The cat, the CAT and the dog.", "the dog and THE cat.", "a new dog"]
+    got = [each.ids for each in encoder(texts)]
+    assert asked == ["the cat, the cat and the dog.", "a new dog"]
+    assert sorted(words._cache) == sorted({",", ".", "a", "and", "cat", "dog", "new", "the"})
+    assert got == [ids for ids, _ in whole(tokenizer, texts, (None, "right"))]
+
+
+def test_the_word_cache_never_grows_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zbatch.protocol import texts
+
+    monkeypatch.setattr(texts, "MAX_CACHED_WORDS", 50)
+    tokenizer = bundled_tokenizer()
+    encoder = TextEncoder(tokenizer)
+    encoder.limit(None)
+    words = encoder._shortcut._words  # type: ignore[union-attr]
+    assert words is not None
+    inputs = [" ".join(f"w{n}x{k}" for k in range(7)) for n in range(40)]
+    got = [each.ids for each in encoder(inputs)]
+    assert len(words._cache) <= 50
+    assert got == [ids for ids, _ in whole(tokenizer, inputs, (None, "right"))]
+
+
+def test_a_tokenizer_of_another_pre_tokenizer_keeps_the_copy_without_a_normalizer() -> None:
+    serialized = json.loads(bundled_tokenizer().to_str())
+    serialized["pre_tokenizer"] = {"type": "Whitespace"}
+    other = tokenizers.Tokenizer.from_str(json.dumps(serialized))
+    encoder = TextEncoder(other)
+    assert encoder._shortcut is not None and encoder._shortcut._words is None
+    encoder.limit(None)
+    texts = ["Don't split e-mail like BERT", "3.14 is pi"]
+    assert [each.ids for each in encoder(texts)] == [ids for ids, _ in whole(other, texts, (None, "right"))]

@@ -18,6 +18,16 @@ the library's whole path, as do all texts of any other normalizer:
 
 A tokenizer with more than :data:`MAX_ADDED` added tokens, or one whose added token normalizes to nothing, always takes
 the whole path: the check would cost more than it saves, or could not be made.
+
+Where the pre-tokenizer is BERT's too and the model WordPiece (all-MiniLM, bge, e5, gte, arctic-embed), a single text
+that takes the shortcut is encoded word by word (:class:`_WordPieces`).  On printable ASCII, BERT's pre-tokenizer
+splits at whitespace and isolates each punctuation mark, so the words are :data:`WORD`'s matches, and WordPiece splits
+each word alone: its pieces depend on nothing around it.  So each word's pieces are asked of the library once and
+kept, and a text's ids are its words' pieces between the tokenizer's own special tokens, truncated as the library
+truncates.  A text whose words are all known costs a regular expression and a dictionary look-up a word, and no call
+into the library (BENCHMARKS.md, "BERT's pre-tokenizer and WordPiece in Python").  The cache holds at most
+:data:`MAX_CACHED_WORDS` words, and starts again when a text would overfill it, so no sender can grow it without
+bound.  Pairs take the copy without a normalizer.
 """
 
 from __future__ import annotations
@@ -29,6 +39,10 @@ from typing import Any
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what BERT's normalizer removes, or turns into a space, in ASCII
 MAX_ADDED = 32  # added tokens past which a text's check for them costs more than the normalizer it saves
+# BERT's pre-tokenizer on printable ASCII: runs of letters and digits, and each punctuation mark (Rust's
+# is_ascii_punctuation: the 32 printable characters that are neither letters, digits nor the space) alone.
+WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+MAX_CACHED_WORDS = 65_536  # a cache of each word's pieces: about 200 bytes a word
 Encode = Callable[[list[Any]], list[Any]]
 
 
@@ -51,7 +65,7 @@ class TextEncoder:
             self._shortcut.limit(max_length, direction)
 
     def __call__(self, inputs: list[Any]) -> list[Any]:
-        """Each input's encoding (``tokenizers.Encoding``: ``ids``, ``type_ids``), in order."""
+        """Each input's encoding (``ids``, ``type_ids``: the library's ``Encoding``, or :class:`Ids`), in order."""
         shortcut = self._shortcut
         if shortcut is None:
             return self._encode(inputs)
@@ -68,11 +82,13 @@ class TextEncoder:
 class _Shortcut:
     """A copy of a BERT-normalized tokenizer without its normalizer, and which texts it may take."""
 
-    def __init__(self, bare: Any, lowercase: bool, added: re.Pattern[str] | None) -> None:
+    def __init__(self, bare: Any, lowercase: bool, added: re.Pattern[str] | None,
+                 words: _WordPieces | None = None) -> None:
         self._bare = bare
-        self.encode = _without_offsets(bare)  # of inputs that :meth:`normalized` gave
+        self._encode_bare = _without_offsets(bare)
         self._lowercase = lowercase
         self._added = added
+        self._words = words
         self._limits: tuple[int | None, str] | None = None
 
     @classmethod
@@ -96,12 +112,26 @@ class _Shortcut:
         except Exception:  # a tokenizer of another kind or release: the library's whole path serves
             return None
         pattern = re.compile("|".join(map(re.escape, sorted(forms, key=len, reverse=True)))) if forms else None
-        return cls(bare, bool(normalizer.get("lowercase", True)), pattern)
+        return cls(bare, bool(normalizer.get("lowercase", True)), pattern, _WordPieces.of(bare))
 
     def limit(self, max_length: int | None, direction: str) -> None:
         if self._limits != (max_length, direction):
             _limit(self._bare, max_length, direction)
+            if self._words is not None:
+                self._words.limit(max_length, direction)
             self._limits = (max_length, direction)
+
+    def encode(self, normalized: list[Any]) -> list[Any]:
+        """The encodings of inputs that :meth:`normalized` gave: single texts by their words where it can."""
+        words = self._words
+        if words is None:
+            return self._encode_bare(normalized)
+        encoded = [words.encode(each) if type(each) is str else None for each in normalized]
+        rest = [each for each, done in zip(normalized, encoded, strict=True) if done is None]
+        if not rest:
+            return encoded
+        bare = iter(self._encode_bare(rest))
+        return [next(bare) if done is None else done for done in encoded]
 
     def normalized(self, item: Any) -> Any:
         """``item`` (a text, or a pair of texts) as BERT's normalizer would leave it; None if this cannot say."""
@@ -119,6 +149,92 @@ class _Shortcut:
         if self._added is not None and self._added.search(lowered):
             return None
         return lowered if self._lowercase else text
+
+
+class Ids:
+    """A text's encoding by its words: what zbatch reads of the library's ``Encoding``."""
+
+    __slots__ = ("ids", "type_ids")
+
+    def __init__(self, ids: list[int], type_ids: list[int]) -> None:
+        self.ids = ids
+        self.type_ids = type_ids
+
+
+class _WordPieces:
+    """BERT's pre-tokenizer and WordPiece for a normalized printable-ASCII text, each word's pieces cached."""
+
+    def __init__(self, pieces: Any, start: list[int], end: list[int], type_id: int) -> None:
+        self._pieces = pieces  # the tokenizer without normalizer, special tokens or truncation
+        self._start, self._end, self._type_id = start, end, type_id
+        self._cache: dict[str, list[int]] = {}
+        self._budget: int | None = None  # the most pieces a text keeps; None: all
+        self._from_start = True
+
+    @classmethod
+    def of(cls, bare: Any) -> _WordPieces | None:
+        """The word path for ``bare`` (a tokenizer without a normalizer), or None where its pre-tokenizer is not
+        BERT's, its model not WordPiece, or its special tokens do not frame a text as BERT's post-processor does."""
+        try:
+            serialized = json.loads(bare.to_str())
+            if ((serialized.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
+                    or (serialized.get("model") or {}).get("type") != "WordPiece"):
+                return None
+            pieces = type(bare).from_str(bare.to_str())
+            pieces.post_processor = None
+            pieces.no_truncation()
+            pieces.no_padding()
+            framed = type(bare).from_str(bare.to_str())
+            framed.no_truncation()
+            framed.no_padding()
+            probe = framed.encode("a b")
+            inner = pieces.encode("a b", add_special_tokens=False).ids
+        except Exception:  # another kind of tokenizer or release: the copy serves
+            return None
+        ids = probe.ids
+        starts = [at for at in range(len(ids) - len(inner) + 1) if ids[at:at + len(inner)] == inner]
+        if len(starts) != 1 or len(set(probe.type_ids)) != 1:
+            return None
+        start = starts[0]
+        return cls(pieces, ids[:start], ids[start + len(inner):], probe.type_ids[0])
+
+    def limit(self, max_length: int | None, direction: str) -> None:
+        self._budget = None if max_length is None else max_length - len(self._start) - len(self._end)
+        self._from_start = direction == "right"
+
+    def encode(self, text: str) -> Ids | None:
+        """``text``'s encoding, or None where the library's own call should make it (a budget with no room)."""
+        budget = self._budget
+        if budget is not None and budget <= 0:
+            return None
+        words = WORD.findall(text)
+        cache = self._cache
+        try:
+            body = [piece for word in words for piece in cache[word]]
+        except KeyError:  # a word not seen yet (or another thread cleared the cache meanwhile)
+            body = self._learn(text, words)
+        if budget is not None and len(body) > budget:
+            body = body[:budget] if self._from_start else body[len(body) - budget:]
+        ids = [*self._start, *body, *self._end]
+        return Ids(ids, [self._type_id] * len(ids))
+
+    def _learn(self, text: str, words: list[str]) -> list[int]:
+        """``text``'s pieces from one library call, each word's kept (the call's word indices say which are whose)."""
+        encoding = self._pieces.encode(text, add_special_tokens=False)
+        ids: list[int] = encoding.ids
+        whose: list[int | None] = encoding.word_ids
+        if not words or not whose or whose[-1] != len(words) - 1:  # the library split it otherwise: keep nothing
+            return ids
+        grouped: list[list[int]] = [[] for _ in words]
+        for piece, index in zip(ids, whose, strict=True):
+            if index is None:
+                return ids
+            grouped[index].append(piece)
+        cache = self._cache
+        if len(cache) + len(words) > MAX_CACHED_WORDS:
+            cache.clear()
+        cache.update(zip(words, grouped, strict=True))
+        return ids
 
 
 def _without_offsets(tokenizer: Any) -> Encode:
