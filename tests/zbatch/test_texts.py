@@ -157,25 +157,48 @@ def test_printable_ascii_by_words_gives_the_whole_paths_ids_at_any_truncation(
 
 
 def test_each_word_is_asked_of_the_library_once() -> None:
-    """White-box: the texts handed to the library are recorded; a text of known words is not handed to it."""
+    """White-box: the texts learned from are recorded; a text of known words is not handed to the library."""
     tokenizer = bundled_tokenizer()
     encoder = TextEncoder(tokenizer)
     encoder.limit(None)
     words = encoder._shortcut._words  # type: ignore[union-attr]
     assert words is not None, "the bundled tokenizer (BERT's pre-tokenizer, WordPiece) takes the word path"
-    asked: list[str] = []
+    learned: list[list[str]] = []
     library = words._learn
 
-    def recording(text: str, split: list[str]) -> list[int]:
-        asked.append(text)
-        return library(text, split)
+    def recording(split: list[str], encoding: Any) -> list[int]:
+        learned.append(split)
+        return library(split, encoding)
 
     words._learn = recording  # type: ignore[method-assign]
     texts = ["The cat, the CAT and the dog.", "the dog and THE cat.", "a new dog"]
-    got = [each.ids for each in encoder(texts)]
-    assert asked == ["the cat, the cat and the dog.", "a new dog"]
+    got = [each.ids for each in encoder(texts[:1]) + encoder(texts[1:])]  # texts of one call are learned together
+    assert learned == [["the", "cat", ",", "the", "cat", "and", "the", "dog", "."], ["a", "new", "dog"]]
     assert sorted(words._cache) == sorted({",", ".", "a", "and", "cat", "dog", "new", "the"})
     assert got == [ids for ids, _ in whole(tokenizer, texts, (None, "right"))]
+
+
+def test_long_words_and_long_texts_of_new_words_are_not_kept() -> None:
+    from zbatch.protocol import texts
+
+    tokenizer = bundled_tokenizer()
+    encoder = TextEncoder(tokenizer)
+    encoder.limit(None)
+    words = encoder._shortcut._words  # type: ignore[union-attr]
+    assert words is not None
+    long_word = "q" * (texts.MAX_CACHED_CHARS + 1)
+    many = " ".join(f"n{n}" for n in range(texts.MAX_LEARNED_WORDS + 1))
+    inputs = [f"short {long_word}", many]
+    got = [each.ids for each in encoder(inputs)]
+    assert sorted(words._cache) == ["short"]
+    assert got == [ids for ids, _ in whole(tokenizer, inputs, (None, "right"))]
+
+
+def test_before_a_limit_is_set_the_tokenizer_s_own_truncation_and_padding_apply() -> None:
+    tokenizer = bundled_tokenizer()
+    assert tokenizer.padding is not None, "the bundled tokenizer pads: the case this guards"
+    expected = [each.ids for each in tokenizer.encode_batch(["Hello world", "A longer text, of words."])]
+    assert [each.ids for each in TextEncoder(tokenizer)(["Hello world", "A longer text, of words."])] == expected
 
 
 def test_the_word_cache_never_grows_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:

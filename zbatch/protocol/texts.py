@@ -25,9 +25,11 @@ splits at whitespace and isolates each punctuation mark, so the words are :data:
 each word alone: its pieces depend on nothing around it.  So each word's pieces are asked of the library once and
 kept, and a text's ids are its words' pieces between the tokenizer's own special tokens, truncated as the library
 truncates.  A text whose words are all known costs a regular expression and a dictionary look-up a word, and no call
-into the library (BENCHMARKS.md, "BERT's pre-tokenizer and WordPiece in Python").  The cache holds at most
-:data:`MAX_CACHED_WORDS` words, and starts again when a text would overfill it, so no sender can grow it without
-bound.  Pairs take the copy without a normalizer.
+into the library (BENCHMARKS.md, "BERT's pre-tokenizer and WordPiece in Python").  Texts with new words are learned
+from in one library call for all of them.  The cache holds at most :data:`MAX_CACHED_WORDS` words of at most
+:data:`MAX_CACHED_CHARS` characters, and starts again when a text would overfill it, so no sender can grow it without
+bound; a long text with new words takes the library's call and teaches nothing.  Pairs take the copy without a
+normalizer.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ MAX_ADDED = 32  # added tokens past which a text's check for them costs more tha
 # BERT's pre-tokenizer on printable ASCII: runs of letters and digits, and each punctuation mark (Rust's
 # is_ascii_punctuation: the 32 printable characters that are neither letters, digits nor the space) alone.
 WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
-MAX_CACHED_WORDS = 65_536  # a cache of each word's pieces: about 200 bytes a word
+MAX_CACHED_WORDS = 65_536  # a cache of each word's pieces
+MAX_CACHED_CHARS = 32  # longer words are not kept: at most about 200 bytes a word, 13 MiB in all
+MAX_LEARNED_WORDS = 512  # a text of more words that are not all known takes the library's call, and teaches nothing
 Encode = Callable[[list[Any]], list[Any]]
 
 
@@ -126,7 +130,7 @@ class _Shortcut:
         words = self._words
         if words is None:
             return self._encode_bare(normalized)
-        encoded = [words.encode(each) if type(each) is str else None for each in normalized]
+        encoded = words.encode(normalized)
         rest = [each for each, done in zip(normalized, encoded, strict=True) if done is None]
         if not rest:
             return encoded
@@ -170,6 +174,7 @@ class _WordPieces:
         self._cache: dict[str, list[int]] = {}
         self._budget: int | None = None  # the most pieces a text keeps; None: all
         self._from_start = True
+        self._limited = False  # until limit() is called, the tokenizer's own truncation and padding apply
 
     @classmethod
     def of(cls, bare: Any) -> _WordPieces | None:
@@ -201,39 +206,57 @@ class _WordPieces:
     def limit(self, max_length: int | None, direction: str) -> None:
         self._budget = None if max_length is None else max_length - len(self._start) - len(self._end)
         self._from_start = direction == "right"
+        self._limited = True
 
-    def encode(self, text: str) -> Ids | None:
-        """``text``'s encoding, or None where the library's own call should make it (a budget with no room)."""
+    def encode(self, inputs: list[Any]) -> list[Ids | None]:
+        """Each input's encoding if it is a text this path takes, else None (the library's call makes it): any
+        input before :meth:`limit` (the tokenizer's own truncation and padding apply then), a pair, a budget with
+        no room for a word, a text of more than :data:`MAX_LEARNED_WORDS` words not all known."""
         budget = self._budget
-        if budget is not None and budget <= 0:
-            return None
-        words = WORD.findall(text)
+        if not self._limited or (budget is not None and budget <= 0):
+            return [None] * len(inputs)
         cache = self._cache
-        try:
-            body = [piece for word in words for piece in cache[word]]
-        except KeyError:  # a word not seen yet (or another thread cleared the cache meanwhile)
-            body = self._learn(text, words)
+        bodies: list[list[int] | None] = []
+        splits: dict[int, list[str]] = {}  # the texts to learn from, by index
+        for index, text in enumerate(inputs):
+            if type(text) is not str:
+                bodies.append(None)
+                continue
+            words = WORD.findall(text)
+            try:
+                bodies.append([piece for word in words for piece in cache[word]])
+            except KeyError:  # a word not seen yet (or another thread cleared the cache meanwhile)
+                bodies.append(None)
+                if len(words) <= MAX_LEARNED_WORDS:
+                    splits[index] = words
+        if splits:
+            learned = self._pieces.encode_batch([inputs[index] for index in splits], add_special_tokens=False)
+            for (index, words), encoding in zip(splits.items(), learned, strict=True):
+                bodies[index] = self._learn(words, encoding)
+        return [None if body is None else self._framed(body) for body in bodies]
+
+    def _framed(self, body: list[int]) -> Ids:
+        budget = self._budget
         if budget is not None and len(body) > budget:
             body = body[:budget] if self._from_start else body[len(body) - budget:]
         ids = [*self._start, *body, *self._end]
         return Ids(ids, [self._type_id] * len(ids))
 
-    def _learn(self, text: str, words: list[str]) -> list[int]:
-        """``text``'s pieces from one library call, each word's kept (the call's word indices say which are whose)."""
-        encoding = self._pieces.encode(text, add_special_tokens=False)
+    def _learn(self, words: list[str], encoding: Any) -> list[int]:
+        """A text's pieces from the library's encoding of it; each new short word's kept (the encoding says which
+        pieces are whose)."""
         ids: list[int] = encoding.ids
         whose: list[int | None] = encoding.word_ids
-        if not words or not whose or whose[-1] != len(words) - 1:  # the library split it otherwise: keep nothing
+        if not words or not whose or whose[0] != 0 or whose[-1] != len(words) - 1:  # split otherwise: keep nothing
             return ids
-        grouped: list[list[int]] = [[] for _ in words]
-        for piece, index in zip(ids, whose, strict=True):
-            if index is None:
-                return ids
-            grouped[index].append(piece)
         cache = self._cache
         if len(cache) + len(words) > MAX_CACHED_WORDS:
             cache.clear()
-        cache.update(zip(words, grouped, strict=True))
+        pieces_of = encoding.word_to_tokens
+        for index, word in enumerate(words):
+            if word not in cache and len(word) <= MAX_CACHED_CHARS:
+                start, end = pieces_of(index)
+                cache[word] = ids[start:end]
         return ids
 
 
