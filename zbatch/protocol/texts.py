@@ -181,17 +181,15 @@ class _WordPieces:
         """The word path for ``bare`` (a tokenizer without a normalizer), or None where its pre-tokenizer is not
         BERT's, its model not WordPiece, or its special tokens do not frame a text as BERT's post-processor does."""
         try:
-            serialized = json.loads(bare.to_str())
-            if ((serialized.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
-                    or (serialized.get("model") or {}).get("type") != "WordPiece"):
+            serialized = bare.to_str()
+            fields = json.loads(serialized)
+            if ((fields.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
+                    or (fields.get("model") or {}).get("type") != "WordPiece"):
                 return None
-            pieces = type(bare).from_str(bare.to_str())
+            pieces, framed = type(bare).from_str(serialized), type(bare).from_str(serialized)
             pieces.post_processor = None
-            pieces.no_truncation()
-            pieces.no_padding()
-            framed = type(bare).from_str(bare.to_str())
-            framed.no_truncation()
-            framed.no_padding()
+            for copy in (pieces, framed):
+                _limit(copy, None, "right")
             probe = framed.encode("a b")
             inner = pieces.encode("a b", add_special_tokens=False).ids
         except Exception:  # another kind of tokenizer or release: the copy serves
