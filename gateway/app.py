@@ -68,11 +68,16 @@ def guards(config: GatewayConfig, in_flight: InFlight) -> list[Middleware]:
     return middlewares
 
 
+def broker_client(config: GatewayConfig) -> AsyncClient:
+    """The gateway's client of its brokers, as its settings say."""
+    curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
+    return AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve, heartbeat_ms=config.heartbeat_ms,
+                       heartbeat_liveness=config.heartbeat_liveness, restart_wait_ms=config.broker_restart_wait_ms)
+
+
 async def _client_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
-    async with AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
-                           heartbeat_ms=config.heartbeat_ms, heartbeat_liveness=config.heartbeat_liveness) as client:
+    async with broker_client(config) as client:
         app[CLIENT] = client
         await client.connect()
         yield

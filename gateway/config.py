@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.guard import check_api_keys_file
+from zbatch.client.aio import RESTART_WAIT_MS
 from zbatch.runtime import common_options
 from zbatch.runtime.curve import check_client_settings
 from zbatch.runtime.settings import MODELS_HELP, check_endpoints, check_exposure, load, option
@@ -60,6 +61,11 @@ class GatewayConfig:
     heartbeat_ms: int = option(1_000, "heartbeat interval to each broker (with several brokers)", minimum=10)
     heartbeat_liveness: int = option(3, "missed intervals before a broker is given up and its requests move "
                                         "to another (with several brokers)", minimum=1)
+    broker_restart_wait_ms: int = option(
+        RESTART_WAIT_MS, "with one broker: how long after its connection drops requests wait for it to come "
+        "back (zbatch serve or systemd restarting it), each within its own timeout; what was outstanding there is "
+        "sent again once it is back, and after the wait requests fail 503 broker_unavailable; cover the restart "
+        "delay (systemd's RestartSec) and a loaded host's start", minimum=0)
     edge_tokenize: bool = option(False, "tokenize texts here for a model whose workers announce their tokenizer, "
                                  "and send token ids (zbatch/client/tokenizing.py), taking that work off the workers: "
                                  "set it in front of GPU workers (zbatch serve does where its workers run on GPUs); "

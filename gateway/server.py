@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.app import broker_client, create_app
 from gateway.appkeys import IN_FLIGHT
 from gateway.catalog import CATALOG
 from gateway.config import GatewayConfig
@@ -40,7 +40,6 @@ from zbatch.client import AsyncClient
 if TYPE_CHECKING:
     from gateway.kserve_grpc.server import GrpcServer
 from zbatch.runtime import daemon
-from zbatch.runtime.curve import client_keys
 
 log = logging.getLogger("zbatch.gateway")
 
@@ -63,10 +62,7 @@ class GatewayServer(daemon.Service):
 
     async def start(self) -> daemon.Essentials:
         config = self.config
-        curve = client_keys(config.curve_server_key_file, config.curve_secret_key_file)
-        self._client = client = AsyncClient(config.frontend, timeout_ms=config.timeout_ms, curve=curve,
-                                            heartbeat_ms=config.heartbeat_ms,
-                                            heartbeat_liveness=config.heartbeat_liveness)
+        self._client = client = broker_client(config)
         await client.connect()
         self._drain_s = (client.timeout_ms + client.reply_grace_ms) / 1000
         app = create_app(config, client)

@@ -138,9 +138,9 @@ def test_kill_9_of_the_only_broker_under_load_loses_and_refuses_nothing(log_dir:
 
     Bounded: the gateway takes the dropped connection for a broker restarting (zbatch/client/aio.py): what
     was outstanding there is sent to it again once it is back, and new requests wait for it, each for at
-    most the liveness window after the drop.  So this holds while the broker is back within that window
-    (the supervisor restarts it at once; a loaded host's Python start is well inside it) and its workers
-    register again within the broker's no-worker grace.  The 30 s deadline is far off.
+    most the gateway's ``broker_restart_wait_ms`` (10 s) after the drop.  So this holds while the broker is
+    back within that wait (the supervisor's 1 s restart delay and a start, seconds on a loaded host) and its
+    workers register again within the broker's no-worker grace.  The 30 s deadline is far off.
     """
     served = spawn_serve(log_dir, workers=2, processes=2, env=accelerator(log_dir))
     try:

@@ -27,14 +27,15 @@ from worker.runners import DEFAULT_MODEL_NAME
 
 START_TIMEOUT_S = 30.0
 MINUTE_MS = 60_000
+HELD_MS = 5 * MINUTE_MS  # a held request's deadline: past the start of a worker on a loaded host
 HELD = 16  # requests held in flight: all 16 landing on one of two processes has odds of 1 in 32,768
 
 
 def spawn_processes(log_dir: Path, processes: int = 2, frontend: str | None = None,
-                    env: dict[str, str] | None = None, port: int | None = None) -> Daemon:
+                    env: dict[str, str] | None = None, port: int | None = None, timeout_ms: int = 30_000) -> Daemon:
     port = free_port() if port is None else port
     daemon = spawn("gateway", "gateway", log_dir, env=env, host="127.0.0.1", port=port, processes=processes,
-                   frontend=frontend or f"tcp://127.0.0.1:{free_port()}")
+                   frontend=frontend or f"tcp://127.0.0.1:{free_port()}", timeout_ms=timeout_ms)
     daemon.endpoints["url"] = f"http://127.0.0.1:{port}"
     return daemon
 
@@ -189,9 +190,12 @@ def backlog(broker: Daemon, model: str) -> int:
 
 
 def test_sigterm_drains_every_process(log_dir: Path, gateway: Callable[..., Daemon]) -> None:
-    broker = start_broker(log_dir, no_worker_grace_ms=MINUTE_MS, models=(DEFAULT_MODEL_NAME,))
+    """Held requests wait for a worker started after the drain began: their deadline outlasts its start (40 s
+    beside two busy loops)."""
+    broker = start_broker(log_dir, no_worker_grace_ms=HELD_MS, timeout_ms=HELD_MS, max_timeout_ms=HELD_MS,
+                          models=(DEFAULT_MODEL_NAME,))
     try:
-        daemon = gateway(frontend=broker.frontend)
+        daemon = gateway(frontend=broker.frontend, timeout_ms=HELD_MS)
         pids = pids_answering(daemon, 2)
         held = hold_requests(daemon, DEFAULT_MODEL_NAME, HELD)
         wait_until(lambda: backlog(broker, DEFAULT_MODEL_NAME) == HELD, 10, "the requests to reach the broker",

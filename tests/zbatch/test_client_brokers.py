@@ -1,4 +1,5 @@
-"""AsyncClient with several brokers: spreading, a hung or vanished broker, replay, rejoin, one answer per request.
+"""AsyncClient with several brokers: spreading, a hung or vanished broker, replay, rejoin, one answer per request;
+with one broker: a restart waited for.
 
 The brokers here are FAKES: ROUTER sockets in the test's loop that answer
 every REQUEST at once with their own name, answer heartbeats, and can hang
@@ -25,12 +26,16 @@ FAST = {"heartbeat_ms": 50, "heartbeat_liveness": 10}
 
 
 class FakeBroker:
-    def __init__(self, context: zmq.asyncio.Context, name: str) -> None:
+    def __init__(self, context: zmq.asyncio.Context, name: str, endpoint: str = "") -> None:
+        """``endpoint``: the one a vanished broker had, for its restart; empty: a free port."""
         self.name = name
         self.router = context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
+        if endpoint:
+            self.router.bind(endpoint)
+            self.endpoint = endpoint
+        else:
+            self.endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
         self.running = asyncio.Event()
         self.running.set()
         self.answering = True
@@ -229,3 +234,62 @@ def test_a_broker_without_workers_sends_the_request_to_the_other(status: Status)
             return [(await client.infer("m", ["x"]))[0] for _ in range(4)]
 
     assert asyncio.run(scenario()) == ["b"] * 4
+
+
+@contextlib.asynccontextmanager
+async def lone_broker(**options: Any) -> AsyncIterator[tuple[AsyncClient, FakeBroker, zmq.asyncio.Context]]:
+    context = zmq.asyncio.Context()
+    broker = FakeBroker(context, "old")
+    client = AsyncClient(broker.endpoint, context=context, timeout_ms=30_000, **(FAST | options))
+    try:
+        await client.stats()  # connected
+        yield client, broker, context
+    finally:
+        await client.close()
+        if not broker.router.closed:
+            await broker.vanish()
+        context.term()
+
+
+def test_one_broker_restarting_past_the_liveness_window_loses_nothing_it_held_or_was_sent_meanwhile() -> None:
+    """A lone broker killed with requests outstanding, back on its endpoint after twice the liveness window (a
+    supervisor's restart delay and a loaded host's start): what it held is sent to the new one, and what was
+    sent while it was away waits for it; every request has one answer, from the new broker."""
+
+    async def scenario() -> list[Any]:
+        async with lone_broker(restart_wait_ms=25_000) as (client, old, context):
+            old.answering = False
+            held = [asyncio.create_task(client.infer("m", [str(i)])) for i in range(3)]
+            await until(lambda: len(old.requests) == 3)
+            loop = asyncio.get_running_loop()
+            await old.vanish()
+            gone_at = loop.time()
+            await until(lambda: loop.time() >= gone_at + 2 * client.brokers.expiry_s)
+            meanwhile = [asyncio.create_task(client.infer("m", ["new"])) for _ in range(2)]
+            await until(lambda: loop.time() >= gone_at + 3 * client.brokers.expiry_s)
+            restarted = FakeBroker(context, "restarted", old.endpoint)
+            try:
+                return list(await asyncio.wait_for(asyncio.gather(*held, *meanwhile, return_exceptions=True), 20))
+            finally:
+                await restarted.vanish()
+
+    assert asyncio.run(scenario()) == [["restarted"]] * 5
+
+
+def test_one_broker_that_never_comes_back_fails_its_requests_after_the_restart_wait_not_their_timeout() -> None:
+    async def scenario() -> tuple[list[Any], float]:
+        async with lone_broker(restart_wait_ms=1_000) as (client, old, _):
+            old.answering = False
+            held = asyncio.create_task(client.infer("m", ["held"]))
+            await until(lambda: len(old.requests) == 1)
+            loop = asyncio.get_running_loop()
+            await old.vanish()
+            gone_at = loop.time()
+            await until(lambda: client._dropped_at is not None)
+            sent_meanwhile = asyncio.create_task(client.infer("m", ["new"]))
+            answers = await asyncio.wait_for(asyncio.gather(held, sent_meanwhile, return_exceptions=True), 20)
+            return list(answers), loop.time() - gone_at
+
+    answers, waited_s = asyncio.run(scenario())
+    assert all(isinstance(answer, BrokerUnavailable) for answer in answers), answers
+    assert waited_s >= 1.0, "both waited the restart wait for the broker"

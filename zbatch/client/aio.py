@@ -22,9 +22,9 @@ fails with :class:`BrokerUnavailable`.  With one broker there is nowhere
 else to send: a dropped connection is taken for a broker restarting (``zbatch
 serve`` and systemd restart it), so what was outstanding there is sent to it
 again once it is back (``replay``), and new requests wait for it, each within
-its own deadline and for at most the liveness window (``heartbeat_ms ×
-heartbeat_liveness``, the time PROTOCOL.md 6.4 gives a silent broker) after
-the drop.  A restarted broker has lost what it held, and a broker that kept
+its own deadline and for at most ``restart_wait_ms`` after the drop (a
+restart delay and a start, longer than the liveness window a silent broker
+gets).  A restarted broker has lost what it held, and a broker that kept
 running sees a new connection: either way the request runs again and has one
 answer.  The overload breaker
 (:mod:`zbatch.client.breaker`) keeps each broker's verdicts apart: a request
@@ -62,6 +62,9 @@ from zbatch.runtime.sockets import PolledSockets, Socket, open_socket
 
 GROUPED = wire.HEADERS[wire.Command.REPLIES]
 SEND_RETRY_S = 0.005  # while the connection to the broker is being made
+# One broker, its connection dropped: how long requests wait for it to come back.  A restart is a delay
+# (zbatch serve's 1 s, systemd's RestartSec of 2 s in scripts/systemd) and a start, seconds on a loaded host.
+RESTART_WAIT_MS = 10_000
 REPLY_GRACE_MS = 2_000  # past a request's deadline, how long the broker's own deadline answer may take to come
 StatsByBroker = dict[str, dict[str, Any] | ZBatchError]
 # Answers another broker may better: no worker there now, or none that registered the model with it yet
@@ -94,6 +97,7 @@ class AsyncClient(BrokerLoss):
         curve: CurveKeys | None = None,
         heartbeat_ms: int = 1_000,
         heartbeat_liveness: int = 3,
+        restart_wait_ms: int = RESTART_WAIT_MS,
         replay: bool = True,
         tokenize: bool = False,
     ) -> None:
@@ -111,6 +115,10 @@ class AsyncClient(BrokerLoss):
         hung broker is given up (PROTOCOL.md 6.4), and ``replay`` whether its requests are sent
         again to another broker (inference has no side effects) or fail with BrokerUnavailable.
 
+        With one broker: ``restart_wait_ms`` says how long after its connection drops requests wait for it
+        to come back (a supervisor restarting it) before they fail with BrokerUnavailable; what was
+        outstanding there is sent again once it is back.
+
         ``tokenize``: :meth:`infer` sends texts as token ids, made here with the model's own tokenizer
         (fetched once from its workers), where its workers announce one (:mod:`zbatch.client.tokenizing`):
         the workers' CPU goes to the model instead, this process's to the tokenizer.  Same answers.
@@ -125,6 +133,7 @@ class AsyncClient(BrokerLoss):
         self.timeout_ms = timeout_ms
         self.reply_grace_ms = reply_grace_ms
         self.replay = replay
+        self.restart_wait_s = restart_wait_ms / 1000
         self.brokers = BrokerSet(self.endpoints, time.monotonic, heartbeat_s=heartbeat_ms / 1000,
                                  liveness=heartbeat_liveness)
         self._breaker = OverloadBreaker(time.monotonic, heartbeat_ms / 1000) if fail_fast_overload else None
@@ -337,11 +346,11 @@ class AsyncClient(BrokerLoss):
 
     def _connect_deadline(self, pending: Pending, started: float) -> float:
         """Until when a request first tried at ``started`` waits for a connection: ``connect_timeout_ms``;
-        for a lone broker whose connection dropped, the liveness window after the drop (it is likely
+        for a lone broker whose connection dropped, ``restart_wait_ms`` after the drop (it is likely
         restarting); never past the request's own deadline."""
         give_up_at = started + self.connect_timeout_ms / 1000
         if self._dropped_at is not None:
-            give_up_at = max(give_up_at, self._dropped_at + self.brokers.expiry_s)
+            give_up_at = max(give_up_at, self._dropped_at + self.restart_wait_s)
         return min(give_up_at, pending.deadline) if pending.deadline else give_up_at
 
     def _covered(self, index: int, pending: Pending) -> int | None:

@@ -8,7 +8,7 @@ and heartbeats (the module docstring of :mod:`zbatch.client.aio` states the rule
   :class:`BrokerUnavailable`, and its overload verdicts are forgotten; when it answers again, what was moved
   away from it is cancelled there;
 * with one broker, a dropped connection strands what was outstanding; it is sent again once the connection is
-  back, or fails after the liveness window;
+  back, or fails after ``restart_wait_s``;
 * an answer of ``ELSEWHERE`` (no worker there) sends the request on to a broker it has not been to.
 
 Each request waiting for its answer is a :class:`Pending`.
@@ -59,6 +59,7 @@ class BrokerLoss:
     endpoints: list[str]
     brokers: BrokerSet
     replay: bool
+    restart_wait_s: float  # one broker: how long after a drop its requests wait for it to come back
     _pending: dict[bytes, Pending]
     _stranded: dict[bytes, float]  # one broker: requests outstanding when its connection dropped
     _dropped_at: float | None  # one broker: when its connection dropped, until it is back
@@ -104,11 +105,11 @@ class BrokerLoss:
             else:
                 pending.future.set_exception(lost)
         self._resend_stranded(index)  # the connection may be back already
-        asyncio.get_running_loop().call_later(self.brokers.expiry_s, self._abandon_stranded, lost)
+        asyncio.get_running_loop().call_later(self.restart_wait_s, self._abandon_stranded, lost)
 
     def _abandon_stranded(self, lost: BrokerUnavailable) -> None:
-        """Fail what has waited the liveness window for its broker to come back."""
-        too_old = time.monotonic() - self.brokers.expiry_s
+        """Fail what has waited ``restart_wait_s`` for its broker to come back."""
+        too_old = time.monotonic() - self.restart_wait_s
         for request_id, stranded_at in list(self._stranded.items()):
             pending = self._pending.get(request_id)
             if stranded_at <= too_old and pending is not None and not pending.future.done():
