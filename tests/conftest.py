@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wai
 from tests.hub import GATED_ID, MODEL_ID, FakeHub, Repo, build_cache
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.hub import bundled_model_path
-from zbatch.testing import START_CACHE_ENV
+from zbatch.testing import START_CACHE_ENV, spawned_count, stop_strays
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,6 +31,18 @@ def start_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(START_CACHE_ENV, chosen)
         yield Path(chosen)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_daemons() -> Iterator[None]:
+    """Whatever daemon a test started and left running is stopped once the test and its own fixtures are done.
+
+    Fixtures of a wider scope (a module's broker, the session's stack) are set up before this one, so their
+    daemons are not the test's; a daemon left behind is a harness bug, named in a warning."""
+    mark = spawned_count()
+    yield
+    if strays := stop_strays(mark):
+        warnings.warn(f"the test left daemons running, stopped now: {', '.join(strays)}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

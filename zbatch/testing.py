@@ -59,6 +59,7 @@ KEPT_ENV = (native.ENV, START_CACHE_ENV)
 RECENT_PORTS = 4096  # ports free_port will not give again
 _GIVEN: dict[int, None] = {}  # the ports free_port gave, oldest first
 _GIVEN_LOCK = threading.Lock()
+_SPAWNED: list[Daemon] = []  # every daemon spawn_wrapped started in this process, oldest first
 
 
 class DaemonFailure(AssertionError):
@@ -231,7 +232,27 @@ def spawn_wrapped(wrap: Sequence[str], module: str, name: str, log_dir: Path, /,
     command = [*wrap, interpreter or sys.executable, "-m", module, *args, *flags(settings)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=daemon_env(env), cwd=ROOT)
-    return Daemon(name, process, log_path)
+    daemon = Daemon(name, process, log_path)
+    _SPAWNED.append(daemon)
+    return daemon
+
+
+def spawned_count() -> int:
+    """How many daemons this process has spawned so far: a mark for :func:`stop_strays`."""
+    return len(_SPAWNED)
+
+
+def stop_strays(since: int) -> list[str]:
+    """Stop the daemons spawned after mark ``since`` that still run, and name them.
+
+    A test whose assertion fails before its own ``stop()`` leaves them running, loading the rest of the
+    run (a worker reconnecting to its vanished broker for as long as the run lasts)."""
+    strays = [daemon for daemon in _SPAWNED[since:] if daemon.alive()]
+    for daemon in strays:
+        with contextlib.suppress(DaemonFailure):
+            daemon.stop()
+    del _SPAWNED[since:]
+    return [f"{daemon.name} (pid {daemon.pid})" for daemon in strays]
 
 
 def _started(daemon: Daemon, condition: Callable[[], object], what: str) -> Daemon:

@@ -209,11 +209,11 @@ def test_sigterm_drains_every_process(log_dir: Path, gateway: Callable[..., Daem
         finally:
             for caller in held:
                 caller.close()
+            worker.stop()
         assert {status for status, _ in answers} == {200}
         assert {pid for _, pid in answers} == pids, "both processes drained their own requests"
         assert daemon.process.wait(30) == 0, daemon.log()
         assert not children(daemon.pid)
-        worker.stop()
     finally:
         broker.stop()
 
