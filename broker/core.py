@@ -105,7 +105,7 @@ from broker.admission import Refusal
 from broker.limits import ModelLimits
 from broker.rates import ServiceRate
 from broker.state import Job, ModelState, Phase, Step, WorkerState
-from zbatch.protocol import payloads, wire
+from zbatch.protocol import wire
 from zbatch.protocol.wire import (
     Cancel,
     Disconnect,
@@ -710,7 +710,7 @@ class BrokerCore:
                           "unanswered request on the same connection", client.hex())
             return
         self.outbox.append((Peer.CLIENT, client, wire.encode_reply(
-            Reply(request_id, Status.OK, "", payloads.encode_payload(self.stats())))))
+            Reply(request_id, Status.OK, "", wire.pack(self.stats())))))  # plain msgpack: no arrays to encode
 
     def _client_protocol_error(self, client: bytes, frames: list[bytes], exc: ProtocolError) -> None:
         self.logs.log("bad-client-frame", logging.WARNING, "malformed message from a client: %s", exc)

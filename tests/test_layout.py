@@ -113,6 +113,15 @@ def test_sans_io_modules_load_neither_zmq_nor_asyncio(module: str) -> None:
     assert result.returncode == 0, f"importing {module} loaded: {result.stdout.strip()} {result.stderr.strip()}"
 
 
+def test_the_broker_never_loads_numpy_or_a_model_library() -> None:
+    """The broker never decodes payloads: what it loads is its start, and a restarted lone broker's outage."""
+    code = ("import sys, broker.__main__, broker.server; "
+            "loaded = [m for m in ('numpy', 'torch', 'transformers', 'tokenizers') if m in sys.modules]; "
+            "print(', '.join(loaded)); sys.exit(1 if loaded else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"the broker loaded: {result.stdout.strip()} {result.stderr.strip()}"
+
+
 def test_importing_zbatch_is_cheap_but_the_client_is_there() -> None:
     code = ("import sys, zbatch; assert 'zmq' not in sys.modules; "
             "from zbatch import AsyncClient, Client; assert 'zmq' in sys.modules; print(Client.__module__)")
