@@ -13,7 +13,18 @@ from tests.daemons import Daemon, start_broker, start_gateway, start_worker, wai
 from tests.hub import GATED_ID, MODEL_ID, FakeHub, Repo, build_cache
 from worker.runners import DEFAULT_MODEL_NAME
 from zbatch.hub import bundled_model_path
-from zbatch.testing import START_CACHE_ENV, spawned_count, stop_strays
+from zbatch.testing import START_CACHE_ENV, stop_strays
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_daemons() -> Iterator[None]:
+    """Whatever daemon is still running once every test and fixture is done is stopped, and named in a warning.
+
+    Set up first, so torn down last: every fixture has stopped its own daemons by then, and one still running
+    is a harness bug.  Only at the end: a module's fixture may start (or restart) daemons during its tests."""
+    yield
+    if strays := stop_strays():
+        warnings.warn(f"daemons left running by the tests, stopped now: {', '.join(strays)}", stacklevel=1)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,18 +42,6 @@ def start_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(START_CACHE_ENV, chosen)
         yield Path(chosen)
-
-
-@pytest.fixture(autouse=True)
-def no_stray_daemons() -> Iterator[None]:
-    """Whatever daemon a test started and left running is stopped once the test and its own fixtures are done.
-
-    Fixtures of a wider scope (a module's broker, the session's stack) are set up before this one, so their
-    daemons are not the test's; a daemon left behind is a harness bug, named in a warning."""
-    mark = spawned_count()
-    yield
-    if strays := stop_strays(mark):
-        warnings.warn(f"the test left daemons running, stopped now: {', '.join(strays)}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

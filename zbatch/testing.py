@@ -237,21 +237,15 @@ def spawn_wrapped(wrap: Sequence[str], module: str, name: str, log_dir: Path, /,
     return daemon
 
 
-def spawned_count() -> int:
-    """How many daemons this process has spawned so far: a mark for :func:`stop_strays`."""
-    return len(_SPAWNED)
-
-
-def stop_strays(since: int) -> list[str]:
-    """Stop the daemons spawned after mark ``since`` that still run, and name them.
-
-    A test whose assertion fails before its own ``stop()`` leaves them running, loading the rest of the
-    run (a worker reconnecting to its vanished broker for as long as the run lasts)."""
-    strays = [daemon for daemon in _SPAWNED[since:] if daemon.alive()]
+def stop_strays() -> list[str]:
+    """Stop every daemon this process spawned that still runs, and name them: at the end of a test run, what
+    a test or fixture left behind (a failed assertion before its own ``stop()``), so nothing outlives the run
+    (a worker would reconnect to its vanished broker for as long as the host runs)."""
+    strays = [daemon for daemon in _SPAWNED if daemon.alive()]
     for daemon in strays:
         with contextlib.suppress(DaemonFailure):
             daemon.stop()
-    del _SPAWNED[since:]
+    _SPAWNED.clear()
     return [f"{daemon.name} (pid {daemon.pid})" for daemon in strays]
 
 
