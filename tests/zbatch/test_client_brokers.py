@@ -79,19 +79,28 @@ class FakeBroker:
 
 
 @contextlib.asynccontextmanager
-async def fleet(**options: Any) -> AsyncIterator[tuple[AsyncClient, FakeBroker, FakeBroker]]:
+async def connected(names: tuple[str, ...], timeout_ms: int = 20_000, **options: Any
+                    ) -> AsyncIterator[tuple[AsyncClient, list[FakeBroker], zmq.asyncio.Context]]:
+    """A client of a fake broker for each name, every one connected; the context makes more (a restart)."""
     context = zmq.asyncio.Context()
-    a, b = FakeBroker(context, "a"), FakeBroker(context, "b")
-    client = AsyncClient([a.endpoint, b.endpoint], context=context, timeout_ms=20_000, **(FAST | options))
+    brokers = [FakeBroker(context, name) for name in names]
+    client = AsyncClient([broker.endpoint for broker in brokers], context=context, timeout_ms=timeout_ms,
+                         **(FAST | options))
     try:
-        await client.stats()  # both connected: requests go in turn from the first one on
-        yield client, a, b
+        await client.stats()  # every one connected: requests go in turn from the first one on
+        yield client, brokers, context
     finally:
         await client.close()
-        for broker in (a, b):
+        for broker in brokers:
             if not broker.router.closed:
                 await broker.vanish()
         context.term()
+
+
+@contextlib.asynccontextmanager
+async def fleet(**options: Any) -> AsyncIterator[tuple[AsyncClient, FakeBroker, FakeBroker]]:
+    async with connected(("a", "b"), **options) as (client, (a, b), _):
+        yield client, a, b
 
 
 async def until(condition: Any, timeout_s: float = 5.0) -> None:
@@ -236,28 +245,13 @@ def test_a_broker_without_workers_sends_the_request_to_the_other(status: Status)
     assert asyncio.run(scenario()) == ["b"] * 4
 
 
-@contextlib.asynccontextmanager
-async def lone_broker(**options: Any) -> AsyncIterator[tuple[AsyncClient, FakeBroker, zmq.asyncio.Context]]:
-    context = zmq.asyncio.Context()
-    broker = FakeBroker(context, "old")
-    client = AsyncClient(broker.endpoint, context=context, timeout_ms=30_000, **(FAST | options))
-    try:
-        await client.stats()  # connected
-        yield client, broker, context
-    finally:
-        await client.close()
-        if not broker.router.closed:
-            await broker.vanish()
-        context.term()
-
-
 def test_one_broker_restarting_past_the_liveness_window_loses_nothing_it_held_or_was_sent_meanwhile() -> None:
     """A lone broker killed with requests outstanding, back on its endpoint after twice the liveness window (a
     supervisor's restart delay and a loaded host's start): what it held is sent to the new one, and what was
     sent while it was away waits for it; every request has one answer, from the new broker."""
 
     async def scenario() -> list[Any]:
-        async with lone_broker(restart_wait_ms=25_000) as (client, old, context):
+        async with connected(("old",), 30_000, restart_wait_ms=25_000) as (client, [old], context):
             old.answering = False
             held = [asyncio.create_task(client.infer("m", [str(i)])) for i in range(3)]
             await until(lambda: len(old.requests) == 3)
@@ -278,7 +272,7 @@ def test_one_broker_restarting_past_the_liveness_window_loses_nothing_it_held_or
 
 def test_one_broker_that_never_comes_back_fails_its_requests_after_the_restart_wait_not_their_timeout() -> None:
     async def scenario() -> tuple[list[Any], float]:
-        async with lone_broker(restart_wait_ms=1_000) as (client, old, _):
+        async with connected(("old",), 30_000, restart_wait_ms=1_000) as (client, [old], _):
             old.answering = False
             held = asyncio.create_task(client.infer("m", ["held"]))
             await until(lambda: len(old.requests) == 1)
