@@ -35,7 +35,6 @@ GATEWAY_PROCESSES = (1, 2)  # --processes of the gateway rows
 IDLE_SYSTEMS = {"http": "zbatch gateway", "bare": "bare aiohttp"}
 PYTHON_FLOOR = "Python forwarder, no logic"
 COMPILED_BROKER = "zbatch broker, compiled core"  # ZBATCH_NATIVE_DIR: zbatch/runtime/native.py
-NATIVE_BUILD = str(ROOT / "build" / "native")  # scripts/test's build, shared (kept while the sources match)
 MAX_BATCH = 32
 
 
@@ -97,15 +96,17 @@ def _start_proxy(daemons: Daemons, mode: str, system: str) -> str:
     return frontend
 
 
-async def _compile_native(build: str) -> bool:
-    """scripts/compile-native into ``build`` (kept if it matches the sources); False, with the reason logged, if it
-    cannot."""
-    procs.log(f"routing: the broker's hot path compiled with mypyc into {build} (scripts/compile-native)")
-    done = await asyncio.to_thread(subprocess.run, [str(ROOT / "scripts" / "compile-native"), build],
+async def _compile_native() -> str | None:
+    """The folder of scripts/compile-native's build of these sources (scripts/test's, from its cache, where it
+    made one); None, with the reason logged, if it cannot build one."""
+    done = await asyncio.to_thread(subprocess.run, [str(ROOT / "scripts" / "compile-native")],
                                    env=os.environ | {"ZBATCH_VENV": sys.prefix}, capture_output=True, text=True)
     if done.returncode != 0:
         procs.log(f"routing: no compiled row, scripts/compile-native failed:\n{done.stderr[-2000:]}")
-    return done.returncode == 0
+        return None
+    build = done.stdout.strip().splitlines()[-1]
+    procs.log(f"routing: the broker's hot path compiled with mypyc, in {build} (scripts/compile-native)")
+    return build
 
 
 async def routing(ctx: Context) -> None:
@@ -118,8 +119,9 @@ async def routing(ctx: Context) -> None:
     Python: the share of zmq.proxy that routing costs before any scheduling.
     """
     brokers: list[tuple[str, dict[str, str]]] = [("zbatch broker", {})]
-    if await _compile_native(NATIVE_BUILD):
-        brokers.append((COMPILED_BROKER, {native.ENV: NATIVE_BUILD}))
+    build = await _compile_native()
+    if build is not None:
+        brokers.append((COMPILED_BROKER, {native.ENV: build}))
     for system, env in brokers:
         with procs.running() as daemons:
             procs.log(f"routing: {system} with {ECHO_WORKERS} echo workers")
