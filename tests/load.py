@@ -77,7 +77,9 @@ class Load:
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        connector = aiohttp.TCPConnector(force_close=self.fresh_connections)
+        # A connection for each client: aiohttp's default pool of 100 would queue the others behind it, their
+        # waits counted in their timeout.
+        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=self.fresh_connections)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
 
