@@ -7,37 +7,68 @@
 # Installs are skipped when pyproject.toml and the pin have not changed since the last one and the extras installed
 # then take those asked for (scripts/lib/extras.py: bench takes test), so scripts/test after scripts/bench installs
 # nothing. Extras are only added: a venv asked for others gets both.
+# uv installs where it can be had (on the PATH, or kept in ~/.cache/zbatch/tools/uv, put there once by pip): from
+# its cache a fresh venv takes seconds, where pip took minutes. Without it, pip installs as before.
+# Modules are byte-compiled on their first import (PYTHONDONTWRITEBYTECODE is lifted for what runs here), not all
+# ahead: a venv holds some 19,000 modules, and the suite imports about a tenth of them.
 
 ensure_venv() {
     local extras=$1
     local root venv stamp pins installed
+    local uv  # unset until an install needs it
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
     venv=${ZBATCH_VENV:-$root/.venv}
     stamp=$venv/.zbatch-installed
     pins="$(sha256sum "$root/pyproject.toml" | cut -c1-16) ${ZBATCH_TORCH:-torch==2.13.0}"
     if [ ! -x "$venv/bin/python" ]; then
         echo "zbatch: creating $venv" >&2
-        python3 -m venv "$venv"
+        uv=$(_uv)
+        if [ -n "$uv" ]; then "$uv" venv --quiet --seed --python python3 "$venv"; else python3 -m venv "$venv"; fi
     fi
     installed=$(cat "$stamp" 2>/dev/null || true)
     if [ "${installed#* }" != "$pins" ] \
         || ! "$venv/bin/python" "$root/scripts/lib/extras.py" "$root/pyproject.toml" "${installed%% *}" "$extras"; then
         [ "${installed#* }" = "$pins" ] && extras="${installed%% *},$extras"
-        echo "zbatch: installing zbatch[$extras] into $venv (first run takes a few minutes)" >&2
-        "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-        # shellcheck disable=SC2086  # ZBATCH_TORCH may carry pip options
-        "$venv/bin/python" -m pip install --quiet ${ZBATCH_TORCH:-torch==2.13.0} >&2
-        "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" >&2
+        [ -n "${uv+set}" ] || uv=$(_uv)
+        echo "zbatch: installing zbatch[$extras] into $venv${uv:+ with uv} (a first run takes minutes)" >&2
+        # shellcheck disable=SC2086  # ZBATCH_TORCH may carry installer options
+        if [ -n "$uv" ]; then
+            local links=() link
+            for link in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$link"); done  # where this host keeps wheels
+            "$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}" ${ZBATCH_TORCH:-torch==2.13.0} >&2
+            "$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}" -e "$root[$extras]" >&2
+        else
+            "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+            "$venv/bin/python" -m pip install --quiet ${ZBATCH_TORCH:-torch==2.13.0} >&2
+            "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" >&2
+        fi
         echo "$extras $pins" > "$stamp"
     fi
     export PATH="$venv/bin:$PATH"
-    # The project's own modules, byte-compiled ahead (only those changed since): where PYTHONDONTWRITEBYTECODE is
-    # set, as on CI hosts, every daemon and test process would otherwise compile each module it imports anew.
-    "$venv/bin/python" -m compileall -q -j 0 "$root/zbatch" "$root/broker" "$root/worker" "$root/gateway" \
-        "$root/scripts" >/dev/null || echo "zbatch: some modules could not be byte-compiled; they compile on import" >&2
+    unset PYTHONDONTWRITEBYTECODE
     # Tests and benchmarks download nothing; scripts/serve passes --online, since a model named by its Hub id
     # may have to be downloaded once (the caller's HF_HUB_OFFLINE still holds).
     if [ "${2:-}" != "--online" ]; then
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
     fi
+}
+
+# The uv to install with: the one on the PATH, else one kept in the zbatch cache (installed there by pip once, into a
+# scratch folder first, so that runs side by side never see half of it); nothing where neither can be had.
+_uv() {
+    local tool scratch
+    if command -v uv >/dev/null 2>&1; then command -v uv; return 0; fi
+    tool=${XDG_CACHE_HOME:-$HOME/.cache}/zbatch/tools/uv
+    if [ ! -x "$tool/bin/uv" ]; then
+        mkdir -p "$(dirname "$tool")"
+        scratch=$(mktemp -d "$tool.XXXXXX")
+        if python3 -m pip install --quiet --retries 0 --timeout 20 --target "$scratch" uv >/dev/null 2>&1 && [ -x "$scratch/bin/uv" ]; then
+            mv -T "$scratch" "$tool" 2>/dev/null || rm -rf "$scratch"  # another run's copy may be there first
+        else
+            rm -rf "$scratch"
+            echo "zbatch: uv could not be installed; pip installs" >&2
+        fi
+    fi
+    if [ -x "$tool/bin/uv" ]; then echo "$tool/bin/uv"; fi
+    return 0
 }
