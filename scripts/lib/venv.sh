@@ -31,13 +31,9 @@ ensure_venv() {
         [ "${installed#* }" = "$pins" ] && extras="${installed%% *},$extras"
         [ -n "${uv+set}" ] || uv=$(_uv)
         echo "zbatch: installing zbatch[$extras] into $venv${uv:+ with uv} (a first run takes minutes)" >&2
-        # shellcheck disable=SC2086  # ZBATCH_TORCH may carry installer options
-        if [ -n "$uv" ]; then
-            local links=() link
-            for link in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$link"); done  # where this host keeps wheels
-            "$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}" ${ZBATCH_TORCH:-torch==2.13.0} >&2
-            "$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}" -e "$root[$extras]" >&2
-        else
+        if [ -z "$uv" ] || ! _uv_install "$uv" "$venv" "$root[$extras]"; then
+            [ -z "$uv" ] || echo "zbatch: uv could not install it (its output above); pip installs" >&2
+            # shellcheck disable=SC2086  # ZBATCH_TORCH may carry pip options
             "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
             "$venv/bin/python" -m pip install --quiet ${ZBATCH_TORCH:-torch==2.13.0} >&2
             "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" >&2
@@ -71,4 +67,14 @@ _uv() {
     fi
     if [ -x "$tool/bin/uv" ]; then echo "$tool/bin/uv"; fi
     return 0
+}
+
+# _uv_install UV VENV REQUIREMENT: torch as pinned, then the project, into VENV with UV; fails as soon as a step does
+# (a host whose package index only pip's configuration names, say), so that pip can install instead.
+_uv_install() {
+    local uv=$1 python=$2/bin/python links=() link
+    for link in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$link"); done  # where this host keeps wheels
+    # shellcheck disable=SC2086  # ZBATCH_TORCH may carry installer options
+    "$uv" pip install --quiet --python "$python" "${links[@]}" ${ZBATCH_TORCH:-torch==2.13.0} >&2 \
+        && "$uv" pip install --quiet --python "$python" "${links[@]}" -e "$3" >&2
 }
