@@ -151,21 +151,33 @@ def _limit_point(ctx: Context, case: str, batch_size: int, grouped: bool) -> tup
     return Point(case, limit_name(batch_size, grouped), "-"), measure
 
 
+# The zbatch stacks each served case measures: (its rows' system name, the stack, over HTTP or not).  A stack is
+# ("zbatch", dtype): the one-worker stack of ``Context.zbatch``, or ("serve", runtime): ``Context.serve``'s.
+StackKey = tuple[str, str]
+SERVED: dict[str, tuple[tuple[str, StackKey, bool], ...]] = {
+    "zbatch-http": ((SYSTEM_NAMES["zbatch-http"], ("zbatch", "float32"), True),),
+    "zbatch-zmq": ((SYSTEM_NAMES["zbatch-zmq"], ("zbatch", "float32"), False),),
+    "zbatch-serve": ((SYSTEM_NAMES["zbatch-serve"], ("serve", ""), True),),
+    cases_onnx.CASE: ((cases_onnx.AUTO, ("serve", ""), True),  # the shipped stack, then --runtime torch: an A/B
+                      (cases_onnx.TORCH, ("serve", "torch"), True)),
+    "zbatch-bf16": ((SYSTEM_NAMES["zbatch-bf16"], ("zbatch", "bfloat16"), True),),
+}
+
+
+def _stack(ctx: Context, key: StackKey) -> Awaitable[ZbatchStack]:
+    """The stack ``key`` names, started on first use."""
+    kind, setting = key
+    return ctx.zbatch(setting) if kind == "zbatch" else ctx.serve(setting)
+
+
 async def _start_systems(ctx: Context, selected: list[str]) -> None:
     """Start the systems the selected cases measure (but the peers, which start on their own), side by side: a
     start is mostly one core importing and loading, so starts overlap on a host of two cores or more (one after
     another, --quick spent 105 s of its 10 minutes starting these 9)."""
-    chosen = set(selected)
+    stacks = dict.fromkeys(key for case in selected for _, key, _ in SERVED.get(case, ()))
     starts: list[Awaitable[object]] = [ctx.limit(*LIMIT_SETTINGS[case]) for case in _limit_cases(selected)]
-    if chosen & {"zbatch-http", "zbatch-zmq"}:
-        starts.append(ctx.zbatch())
-    if chosen & {"zbatch-serve", cases_onnx.CASE}:
-        starts.append(ctx.serve())
-    if cases_onnx.CASE in chosen:
-        starts.append(ctx.serve("torch"))
-    if "zbatch-bf16" in chosen:
-        starts.append(ctx.zbatch("bfloat16"))
-    starts += [ctx.baseline(mode) for mode in ("naive", "batched") if f"baseline-{mode}" in chosen]
+    starts += [_stack(ctx, key) for key in stacks]
+    starts += [ctx.baseline(mode) for mode in ("naive", "batched") if f"baseline-{mode}" in selected]
     # Each start finishes, and what it started is kept (ctx stops it at the end), before a failure is raised.
     failures = [outcome for outcome in await asyncio.gather(*starts, return_exceptions=True)
                 if isinstance(outcome, BaseException)]
@@ -177,21 +189,8 @@ async def _measures(ctx: Context, selected: list[str]) -> Makers:
     """Start the systems and return the measure-makers of each served case."""
     s = ctx.settings
     await _start_systems(ctx, selected)
-    makers: Makers = {}
-    if "zbatch-http" in selected or "zbatch-zmq" in selected:
-        stack = await ctx.zbatch()
-        if "zbatch-http" in selected:
-            makers["zbatch-http"] = [(SYSTEM_NAMES["zbatch-http"], _zbatch_maker(ctx, stack, http=True))]
-        if "zbatch-zmq" in selected:
-            makers["zbatch-zmq"] = [(SYSTEM_NAMES["zbatch-zmq"], _zbatch_maker(ctx, stack, http=False))]
-    if "zbatch-serve" in selected:
-        makers["zbatch-serve"] = [(SYSTEM_NAMES["zbatch-serve"], _zbatch_maker(ctx, await ctx.serve(), http=True))]
-    if cases_onnx.CASE in selected:  # the shipped stack, then the same with --runtime torch: an A/B by flag
-        makers[cases_onnx.CASE] = [(cases_onnx.AUTO, _zbatch_maker(ctx, await ctx.serve(), http=True)),
-                                   (cases_onnx.TORCH, _zbatch_maker(ctx, await ctx.serve("torch"), http=True))]
-    if "zbatch-bf16" in selected:
-        makers["zbatch-bf16"] = [(SYSTEM_NAMES["zbatch-bf16"], _zbatch_maker(ctx, await ctx.zbatch("bfloat16"),
-                                                                              http=True))]
+    makers: Makers = {case: [(name, _zbatch_maker(ctx, await _stack(ctx, key), http)) for name, key, http in served]
+                      for case, served in SERVED.items() if case in selected}
     for mode in ("naive", "batched"):
         if f"baseline-{mode}" in selected:
             baseline = await ctx.baseline(mode)
