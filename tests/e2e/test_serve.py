@@ -158,14 +158,14 @@ def test_a_worker_that_cannot_start_is_restarted_with_growing_delays(log_dir: Pa
     partial.mkdir()
     shutil.copy(Path(default_model_path()) / "config.json", partial)
     served = serve(log_dir, env={"ZBATCH_MODEL": str(partial)}, workers=1,
-                   restart_delay_ms=200, restart_max_delay_ms=800)
-    try:
-        wait_for_log(served, r"(?s:restarting in.*){4}", "four restarts of the worker", 180)
+                   restart_delay_ms=200, restart_max_delay_ms=400)
+    try:  # three restarts: the delay doubles, then stays at its cap (each start imports torch: a few CPU-s)
+        wait_for_log(served, r"(?s:restarting in.*){3}", "three restarts of the worker", 180)
         log = served.log()
         delays = re.findall(r"worker-0 \(pid \d+\) exited unexpectedly with status 1 after [\d.]+ s "
                             r"\((\d+) exits? in a row\): restarting in ([\d.]+) s", log)
-        assert delays[:4] == [("1", "0.2"), ("2", "0.4"), ("3", "0.8"), ("4", "0.8")], log
-        assert log.count("zbatch-worker: error: ") >= 4, "the worker says why, each time"
+        assert delays[:3] == [("1", "0.2"), ("2", "0.4"), ("3", "0.4")], log
+        assert log.count("zbatch-worker: error: ") >= 3, "the worker says why, each time"
         assert http_status(served.url + "/healthz") == 200, "the gateway keeps serving"
         assert log.count("started broker (pid") == 1 and log.count("started gateway (pid") == 1, "they keep running"
         assert "serving on" not in log, "the stack never served as a whole"
