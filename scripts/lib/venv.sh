@@ -15,11 +15,12 @@
 ensure_venv() {
     local extras=$1
     local root venv stamp pins installed
+    local torch=${ZBATCH_TORCH:-torch==2.13.0}  # the pin, or what ZBATCH_TORCH says instead: installer options too
     local uv  # unset until an install needs it
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
     venv=${ZBATCH_VENV:-$root/.venv}
     stamp=$venv/.zbatch-installed
-    pins="$(sha256sum "$root/pyproject.toml" | cut -c1-16) ${ZBATCH_TORCH:-torch==2.13.0}"
+    pins="$(sha256sum "$root/pyproject.toml" | cut -c1-16) $torch"
     if [ ! -x "$venv/bin/python" ]; then
         echo "zbatch: creating $venv" >&2
         uv=$(_uv)
@@ -31,11 +32,11 @@ ensure_venv() {
         [ "${installed#* }" = "$pins" ] && extras="${installed%% *},$extras"
         [ -n "${uv+set}" ] || uv=$(_uv)
         echo "zbatch: installing zbatch[$extras] into $venv${uv:+ with uv} (a first run takes minutes)" >&2
-        if [ -z "$uv" ] || ! _uv_install "$uv" "$venv" "$root[$extras]"; then
+        if [ -z "$uv" ] || ! _uv_install "$uv" "$venv" "$torch" "$root[$extras]"; then
             [ -z "$uv" ] || echo "zbatch: uv could not install it (its output above); pip installs" >&2
-            # shellcheck disable=SC2086  # ZBATCH_TORCH may carry pip options
+            # shellcheck disable=SC2086  # $torch may carry pip options
             "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-            "$venv/bin/python" -m pip install --quiet ${ZBATCH_TORCH:-torch==2.13.0} >&2
+            "$venv/bin/python" -m pip install --quiet $torch >&2
             "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" >&2
         fi
         echo "$extras $pins" > "$stamp"
@@ -69,12 +70,12 @@ _uv() {
     return 0
 }
 
-# _uv_install UV VENV REQUIREMENT: torch as pinned, then the project, into VENV with UV; fails as soon as a step does
+# _uv_install UV VENV TORCH PROJECT: TORCH (the pin, maybe with installer options), then PROJECT, into VENV with UV; fails as soon as a step does
 # (a host whose package index only pip's configuration names, say), so that pip can install instead.
 _uv_install() {
     local uv=$1 python=$2/bin/python links=() link
     for link in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$link"); done  # where this host keeps wheels
-    # shellcheck disable=SC2086  # ZBATCH_TORCH may carry installer options
-    "$uv" pip install --quiet --python "$python" "${links[@]}" ${ZBATCH_TORCH:-torch==2.13.0} >&2 \
-        && "$uv" pip install --quiet --python "$python" "${links[@]}" -e "$3" >&2
+    # shellcheck disable=SC2086  # $3 may carry installer options
+    "$uv" pip install --quiet --python "$python" "${links[@]}" $3 >&2 \
+        && "$uv" pip install --quiet --python "$python" "${links[@]}" -e "$4" >&2
 }
