@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from zbatch import testing
+from zbatch.protocol import wire
+from zbatch.protocol.messages import Reply
+from zbatch.protocol.payloads import encode_payload
+from zbatch.protocol.wire import Status
+from zbatch.testing import Daemons
 
 
 class RepeatingKernel:
@@ -81,3 +89,33 @@ def test_other_start_failures_fail_at_once(starts: RacedStarts, chosen: bool) ->
     with pytest.raises(testing.DaemonFailure):
         testing._on_free_ports(starts, chosen=chosen)
     assert starts.calls == (3 if starts.raced == 5 else 1)
+
+
+def test_broker_stats_reads_only_its_own_answer_and_merges_the_brokers_that_answer(tmp_path: Path) -> None:
+    """The harness's one-shot STATS probe: a peer that first sends a heartbeat, an answer to another query and
+    an unreadable message is read past; an endpoint where nothing listens leaves the others' merged view, and
+    alone gives None once its time is up."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(testing.broker_stats, f"tcp://127.0.0.1:{port}", 10_000)
+            dealer, *query = router.recv_multipart()
+            query_id = query[1]
+            ours = {"workers": [{"name": "w"}], "models": {}}
+            for frames in (wire.encode_heartbeat(), [b"\xff", b"not a message"],
+                           wire.encode_reply(Reply(b"someone-else", Status.OK, payload=encode_payload({}))),
+                           wire.encode_reply(Reply(query_id, Status.OK, payload=encode_payload(ours)))):
+                router.send_multipart([dealer, *frames])
+            assert asked.result(timeout=10) == ours
+        with Daemons(tmp_path) as daemons:
+            broker = daemons.add(testing.start_broker(tmp_path))
+            nobody = f"tcp://127.0.0.1:{testing.free_port()}"
+            merged = testing.broker_stats(f"{broker.frontend},{nobody}", timeout_ms=300)
+            assert merged is not None and "uptime_s" in merged["brokers"][broker.frontend]
+            assert merged["brokers"][nobody] == {"error": f"{nobody} gave no statistics"}
+            assert testing.broker_stats(nobody, timeout_ms=300) is None
+    finally:
+        router.close(linger=0)
+        context.term()
