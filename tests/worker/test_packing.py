@@ -180,7 +180,7 @@ def test_a_refused_input_keeps_its_place_in_a_packed_batch(runner: embeddings.Em
 
 def test_switching_modes_times_the_pass_that_will_run(runner: embeddings.EmbeddingRunner,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Packed and padded passes cost differently: switching recalibrates on the pass the batches will run."""
+    """Packed and padded passes cost differently: switching times the pass the batches will run, once a mode."""
     assert runner.cost_model.seconds_per_token, "on a CPU a longer pass costs more: warm-up measures it"
     packer = runner._packer
     assert packer is not None
@@ -191,13 +191,21 @@ def test_switching_modes_times_the_pass_that_will_run(runner: embeddings.Embeddi
         return packer(*args)
 
     monkeypatch.setattr(runner, "_packer", counted)
+    monkeypatch.setattr(runner, "_timed_modes", {})  # as loaded: timed in the packed mode only
+    packed_model = runner.cost_model
     runner.set_length_grouping(False)
     try:
         assert packed_calls == [], "off: the padded pass is timed"
-        assert runner.cost_model.seconds_per_token
+        padded_model = runner.cost_model
+        assert padded_model.seconds_per_token and padded_model is not packed_model
     finally:
         runner.set_length_grouping(True)
-    assert packed_calls, "on again: the packed pass is timed"
+    assert packed_calls == [] and runner.cost_model is packed_model, "on again: the packed timing is back"
+    runner.set_length_grouping(False)
+    try:
+        assert runner.cost_model is padded_model, "off again: timed once already"
+    finally:
+        runner.set_length_grouping(True)
 
 
 @pytest.mark.parametrize(("tokens", "cap", "expected"), [

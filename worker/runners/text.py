@@ -144,6 +144,7 @@ class TextRunner:
         fingerprint = tokenizer_fingerprint(self._edge_form) if self._edge_form else ""
         self.details = replace(self.details, tokenizer=fingerprint)
         self._length_grouping = True
+        self._timed_modes: dict[bool, CostModel] = {}  # a packing runner's timing of each mode it has run in
         self._packer: Packer | None = None  # set by a subclass that can run packed groups, or by the runtime
         self._pass_timings: PassTimings | None = None  # on an accelerator that may pack: runners.unpadded
         # On an accelerator, batches are padded to a few shapes, each warmed up before READY (worker.runners.shapes).
@@ -158,12 +159,15 @@ class TextRunner:
         comparison with such code needs.  The outputs agree either way, to
         float rounding.  A runner that packs times its passes again (call it
         on the thread that runs the model), as packed and padded passes cost
-        differently.
+        differently; a mode it has been timed in before takes that timing back.
         """
-        changed = enabled != self._length_grouping
+        if enabled == self._length_grouping:
+            return
+        if self._packer is not None and self.cost_model.seconds_per_token:
+            self._timed_modes[self._length_grouping] = self.cost_model
+            self._length_grouping = enabled
+            self.cost_model = self._timed_modes.get(enabled) or calibrate(self._seconds_for)
         self._length_grouping = enabled
-        if changed and self._packer is not None and self.cost_model.seconds_per_token:
-            self.cost_model = calibrate(self._seconds_for)
 
     def warm_up(self) -> None:
         """Run a tiny batch (lazy initialisation), then measure what padding costs on this device (or read it
