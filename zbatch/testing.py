@@ -326,22 +326,26 @@ def _ask_stats(dealers: Mapping[Socket, str], give_up_at: float) -> dict[str, di
                 dealer.send_multipart(wire.encode_stats_query(query_id))
                 unsent.discard(dealer)
                 poller.modify(dealer, zmq.POLLIN)
-            if events & zmq.POLLIN:
-                _read_stats(dealer.recv_multipart(), query_id, dealers[dealer], answers)
+            if events & zmq.POLLIN and (answer := _stats_answer(dealer.recv_multipart(), query_id)) is not None:
+                answers[dealers[dealer]] = answer
     return answers
 
 
-def _read_stats(frames: list[bytes], query_id: bytes, endpoint: str,
-                answers: dict[str, dict[str, Any] | ZBatchError]) -> None:
-    """Keep ``frames`` as ``endpoint``'s answer if they answer ``query_id`` (a heartbeat, say, does not)."""
-    with contextlib.suppress(wire.ProtocolError):
+def _stats_answer(frames: list[bytes], query_id: bytes) -> dict[str, Any] | ZBatchError | None:
+    """The statistics (or the error) ``frames`` answer ``query_id`` with; None if they answer something else
+    (a heartbeat, say) or cannot be read."""
+    try:
         reply = wire.decode_reply(frames)
-        if reply.request_id == query_id:
-            try:
-                raise_for_status(reply)
-                answers[endpoint] = payloads.decode_payload(reply.payload)
-            except ZBatchError as error:
-                answers[endpoint] = error
+    except wire.ProtocolError:
+        return None
+    if reply.request_id != query_id:
+        return None
+    try:
+        raise_for_status(reply)
+    except ZBatchError as error:
+        return error
+    stats: dict[str, Any] = payloads.decode_payload(reply.payload)
+    return stats
 
 
 def http_status(url: str, timeout_s: float = 2.0) -> int | None:

@@ -163,11 +163,12 @@ class TextRunner:
         """
         if enabled == self._length_grouping:
             return
-        if self._packer is not None and self.cost_model.seconds_per_token:
+        timed = self._packer is not None and self.cost_model.seconds_per_token
+        if timed:
             self._timed_modes[self._length_grouping] = self.cost_model
-            self._length_grouping = enabled
+        self._length_grouping = enabled  # before timing: the pass timed is the new mode's
+        if timed:
             self.cost_model = self._timed_modes.get(enabled) or calibrate(self._seconds_for)
-        self._length_grouping = enabled
 
     def warm_up(self) -> None:
         """Run a tiny batch (lazy initialisation), then measure what padding costs on this device (or read it
